@@ -1,0 +1,153 @@
+"""Allocation utilities and their exact solvers (TRACE, arXiv 2606.11119, Eqs. 12-14 as reported).
+
+Stage 1 gives prompt i with predicted success v_i a number of root rollouts m_i maximising
+Σ_i U_root(v_i, m_i), U_root(v, m) = 1 - v^m - (1-v)^m (the chance that the group holds both a success and
+a failure), subject to Σ m_i = M and m_i ∈ {0} ∪ {2..cap}. Stage 2 gives the non-terminal prefixes of a
+prompt's bare rollouts K continuations each, maximising Σ (1 - q^K) with q = r·v + (1-r)(1-v) (the chance
+that a continuation repeats the rollout's outcome r), subject to Σ K = budget.
+
+Deviations and choices where the paper is silent:
+1. U_root(v, 0) is defined as 0 (the formula gives -1 at m = 0; no rollouts means no mixed group).
+2. The root problem is solved exactly by dynamic programming over prompts × budget (O(n·M·cap)). A greedy
+   that treats the first two rollouts as one block is not exact: the {0} ∪ {2..cap} constraint makes the
+   problem a knapsack with parity effects (e.g. M odd).
+3. The budget is spent exactly. When no allocation spends exactly M (M = 1, M > n·cap, odd M with cap = 2)
+   the solver raises ``ConfigError`` saying how to fix the sizes, rather than silently spending less.
+4. Ties are broken towards earlier prompts (root DP) and earlier prefixes (prefix greedy), so the solvers
+   are deterministic.
+5. The prefix solver spends its whole budget even when every marginal gain is 0 (q = 1): budget
+   conservation across allocators matters more than the wasted continuations, which still train.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from trace_gym.errors import ConfigError
+
+
+def root_utility(v: np.ndarray | float, m: np.ndarray | int) -> np.ndarray:
+    """P(a group of m rollouts with success probability v holds both outcomes); 0 at m = 0."""
+    v = np.asarray(v, dtype=np.float64)
+    m = np.asarray(m)
+    u = 1.0 - v**m - (1.0 - v) ** m
+    return np.where(m == 0, 0.0, u)
+
+
+def prefix_same_outcome(r: np.ndarray | float, v: np.ndarray | float) -> np.ndarray:
+    """q = r·v + (1-r)(1-v): the chance that one continuation repeats the rollout's reward r."""
+    r = np.asarray(r, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    return r * v + (1.0 - r) * (1.0 - v)
+
+
+def prefix_utility(r: np.ndarray | float, v: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
+    """U_pref = 1 - q^k: the chance that at least one of k continuations contradicts the rollout."""
+    return 1.0 - prefix_same_outcome(r, v) ** np.asarray(k)
+
+
+def _check_probabilities(name: str, x: np.ndarray) -> None:
+    if x.ndim != 1 or not np.all(np.isfinite(x)) or np.any(x < 0) or np.any(x > 1):
+        raise ConfigError(f"expected {name} as a 1-D array of probabilities in [0, 1], got {x!r}; "
+                          "fix: clip predictor outputs to [0, 1] and drop NaNs")
+
+
+def solve_roots(values: np.ndarray, budget: int, cap: int) -> np.ndarray:
+    """Exact m maximising Σ U_root(v_i, m_i) with Σ m = budget, m_i ∈ {0} ∪ {2..cap}.
+
+    values: (n,) success probabilities. Returns (n,) int64 counts. Raises ConfigError when infeasible.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    _check_probabilities("values", v)
+    n = len(v)
+    if cap < 2:
+        raise ConfigError(f"expected cap >= 2 (a chosen prompt needs 2 rollouts), got {cap}; fix: raise cap")
+    if budget < 0:
+        raise ConfigError(f"expected a budget >= 0, got {budget}")
+    options = np.arange(2, cap + 1)
+    neg = -np.inf
+    # best[b]: best utility of the prompts seen so far spending exactly b; choice[i, b]: m_i at that optimum.
+    best = np.full(budget + 1, neg)
+    best[0] = 0.0
+    choice = np.zeros((n, budget + 1), dtype=np.int32)
+    for i in range(n):
+        gains = root_utility(v[i], options)
+        new = best.copy()  # m_i = 0
+        for m, g in zip(options, gains):
+            if m > budget:
+                break
+            cand = np.full(budget + 1, neg)
+            cand[m:] = best[:-m] + g
+            better = cand > new + 1e-12  # strict: ties keep the smaller m (towards earlier prompts' rollouts)
+            new = np.where(better, cand, new)
+            choice[i] = np.where(better, m, choice[i])
+        best = new
+    if not np.isfinite(best[budget]):
+        raise ConfigError(
+            f"expected a root budget that {n} prompts with 0 or 2..{cap} rollouts each can spend exactly, "
+            f"got {budget}; fix: use an even budget >= 2, at most pool_size·cap = {n * cap} (and cap >= 3 "
+            "for odd budgets), or enlarge the candidate pool")
+    m = np.zeros(n, dtype=np.int64)
+    b = budget
+    for i in range(n - 1, -1, -1):
+        m[i] = choice[i, b]
+        b -= m[i]
+    return m
+
+
+def solve_prefixes(rewards: np.ndarray, values: np.ndarray, budget: int) -> np.ndarray:
+    """K maximising Σ (1 - q_j^K_j) with Σ K = budget (greedy by marginal gain q^K(1-q); exact: concave).
+
+    rewards: (P,) the reward of the bare rollout each prefix lies on; values: (P,) predicted success of the
+    prefix. Returns (P,) int64 continuation counts.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    _check_probabilities("rewards", r)
+    _check_probabilities("values", v)
+    if r.shape != v.shape:
+        raise ConfigError(f"expected rewards and values of one shape, got {r.shape} and {v.shape}")
+    if budget < 0:
+        raise ConfigError(f"expected a budget >= 0, got {budget}")
+    k = np.zeros(len(r), dtype=np.int64)
+    if budget == 0:
+        return k
+    if len(r) == 0:
+        raise ConfigError(f"expected at least one prefix to spend a budget of {budget}, got none; fix: send "
+                          "the budget to the root (extra bare rollouts) when a prompt has no open prefix")
+    q = prefix_same_outcome(r, v)
+    # Max-heap on gain, ties to the lower index; the gain of the next continuation is q^K (1 - q).
+    heap = [(-(1.0 - qj), j) for j, qj in enumerate(q)]
+    heapq.heapify(heap)
+    for _ in range(budget):
+        _, j = heapq.heappop(heap)
+        k[j] += 1
+        heapq.heappush(heap, (-(q[j] ** k[j]) * (1.0 - q[j]), j))
+    return k
+
+
+def bottom_up_values(
+    parents: np.ndarray, rewards: np.ndarray, is_leaf: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """V̂(y) = Σ_c n_c V̂(c) / n_y, i.e. the mean leaf reward under y, and n_y, the leaf count.
+
+    parents: (n,) parent index per node, -1 for the root; a parent's index is below its children's (nodes
+    are appended as the tree grows). rewards: (n,) terminal rewards (read at leaves only). is_leaf: (n,) bool,
+    finished nodes (terminated or truncated). Returns (values, counts); values are NaN where n_y = 0.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    n = len(parents)
+    if np.any(parents[1:] >= np.arange(1, n)) or (n and parents[0] != -1):
+        raise ConfigError("expected parents[0] == -1 and parents[i] < i (nodes in creation order), "
+                          f"got {parents.tolist()}; fix: pass nodes in the order the tree created them")
+    leaf = np.asarray(is_leaf, dtype=bool)
+    sums = np.where(leaf, np.asarray(rewards, dtype=np.float64), 0.0)
+    counts = leaf.astype(np.int64)
+    for i in range(n - 1, 0, -1):
+        sums[parents[i]] += sums[i]
+        counts[parents[i]] += counts[i]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return values, counts
