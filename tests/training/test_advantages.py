@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from trace_gym.training.advantages import (
     ADVANTAGE_METHODS,
     grpo_advantages,
