@@ -1,0 +1,176 @@
+"""Chat formatting through the tokenizer's chat template, recorded turn by turn as token ids.
+
+A multi-turn rollout must train on exactly the ids the policy sampled. Re-rendering the whole conversation
+as text and re-encoding it can tokenize an action differently than it was sampled (BPE ambiguity, a turn cut
+by a stop string, a template that rewrites earlier turns). `Conversation` instead keeps one growing id list:
+the rendered prompt, then each turn's sampled ids verbatim, then the template's rendering of the
+observation messages that follow (computed as a text delta of the template, so any chat template works).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trace_gym.errors import ConfigError
+
+_SENTINEL = "\x00TRACE-GYM-TURN\x00"
+
+
+def render_prompt(tokenizer, messages: Sequence[Mapping[str, Any]],
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The chat template's text for `messages` followed by the assistant generation prompt."""
+    return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                         tokenize=False, add_generation_prompt=True)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Ids of template-rendered text (the template already wrote any special tokens)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def end_of_turn_ids(tokenizer) -> set[int]:
+    """Ids that end an assistant turn: the tokenizer's EOS and the model's generation-config EOS ids."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+            ids.add(tid)
+    return ids
+
+
+@dataclass
+class Segment:
+    """A run of ids in a conversation: the prompt, one sampled turn, or one observation."""
+
+    kind: str
+    """"prompt", "action" or "observation"."""
+    start: int
+    end: int
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class Conversation:
+    """The token-level record of one episode; `ids` is the next generation's prompt.
+
+    Usage: `conv = Conversation.start(tok, info["messages"])`, then per turn
+    `gen = policy.generate([Request(prompt_ids=conv.ids)], ...)[0]`, `conv.add_action(gen.token_ids, ...)`,
+    `obs, ... = env.step(gen.text)`, `conv.add_observation(new_messages)`. `copy()` forks it for branching.
+    """
+
+    tokenizer: Any
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    ids: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, tokenizer, messages: Sequence[Mapping[str, Any]],
+              tools: Sequence[Mapping[str, Any]] | None = None) -> Conversation:
+        msgs = [dict(m) for m in messages]
+        tools_list = [dict(t) for t in tools] if tools else None
+        ids = encode(tokenizer, render_prompt(tokenizer, msgs, tools_list))
+        return cls(tokenizer, msgs, tools_list, ids, [Segment("prompt", 0, len(ids))])
+
+    def copy(self) -> Conversation:
+        """An independent fork (shares the tokenizer)."""
+        return Conversation(self.tokenizer, copy.deepcopy(self.messages), copy.deepcopy(self.tools),
+                            list(self.ids), [copy.copy(s) for s in self.segments])
+
+    def add_action(self, token_ids: Sequence[int], text: str | None = None,
+                   logprobs: Sequence[float] | None = None) -> None:
+        """Append one sampled assistant turn verbatim; `text` is what the env saw (kept in `messages`)."""
+        if not token_ids:
+            raise ConfigError("expected at least one sampled token id, got []; fix: skip empty generations")
+        start = len(self.ids)
+        self.ids.extend(int(t) for t in token_ids)
+        self.segments.append(Segment("action", start, len(self.ids), list(logprobs) if logprobs else None))
+        if text is None:
+            text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        self.messages.append({"role": "assistant", "content": text})
+
+    def add_observation(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Append the messages after the last assistant turn (tool results, user turns) plus the next
+        generation prompt, rendered by the chat template; returns the appended ids."""
+        if not self.segments or self.segments[-1].kind != "action":
+            raise ConfigError("expected add_observation right after add_action, got two observations in a row")
+        new = [dict(m) for m in messages]
+        if not new:
+            raise ConfigError("expected at least one observation message, got []")
+        delta = self._delta(new)
+        ids = encode(self.tokenizer, delta)
+        start = len(self.ids)
+        self.ids.extend(ids)
+        self.segments.append(Segment("observation", start, len(self.ids)))
+        self.messages.extend(new)
+        return ids
+
+    def _delta(self, new: list[dict[str, Any]]) -> str:
+        """Template text between the end of the last sampled turn and the next generation prompt's end.
+
+        Rendering the history with a sentinel as the last assistant content splits the template's text into
+        "before the turn's content" and "after it"; the after part starts with the turn's closing markup.
+        """
+        history = [*self.messages[:-1], {"role": "assistant", "content": _SENTINEL}, *new]
+        text = render_prompt(self.tokenizer, history, self.tools)
+        if text.count(_SENTINEL) != 1:
+            raise ConfigError("expected the chat template to render assistant content verbatim, it did not; "
+                              "fix: use a template that keeps the last assistant turn's content")
+        after = text.split(_SENTINEL, 1)[1]
+        last = self.segments[-1]
+        sampled = self.ids[last.start:last.end]
+        # Drop the closing markup the model already sampled (its end-of-turn token), keep the rest.
+        eot = end_of_turn_ids(self.tokenizer)
+        if sampled and sampled[-1] in eot:
+            closing = self.tokenizer.convert_ids_to_tokens(sampled[-1])
+            if after.startswith(closing):
+                after = after[len(closing):]
+        return after
+
+    def action_mask(self) -> list[bool]:
+        """True on sampled (trainable) ids, False on prompt and observation ids."""
+        mask = [False] * len(self.ids)
+        for seg in self.segments:
+            if seg.kind == "action":
+                mask[seg.start:seg.end] = [True] * (seg.end - seg.start)
+        return mask
+
+    def action_logprobs(self) -> list[float | None]:
+        """Behaviour logprob per id (None where not sampled or not recorded)."""
+        out: list[float | None] = [None] * len(self.ids)
+        for seg in self.segments:
+            if seg.kind == "action" and seg.logprobs is not None:
+                out[seg.start:seg.end] = seg.logprobs
+        return out
+
+
+def tokenize_episode(tokenizer, messages: Sequence[Mapping[str, Any]],
+                     tools: Sequence[Mapping[str, Any]] | None = None,
+                     end_turns: bool = True) -> Conversation:
+    """A finished chat (system, user, assistant, tool, ..., assistant) as a `Conversation` for SFT.
+
+    Assistant texts are encoded (they were not sampled) and, with `end_turns`, closed by the end-of-turn
+    token so that the model learns to stop; everything else is rendered by the template.
+    """
+    msgs = [dict(m) for m in messages]
+    first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
+    if first is None:
+        raise ConfigError("expected at least one assistant message, got none")
+    conv = Conversation.start(tokenizer, msgs[:first], tools)
+    i = first
+    while i < len(msgs):
+        content = msgs[i].get("content") or ""
+        ids = encode(tokenizer, content)
+        if end_turns:
+            ids.append(tokenizer.eos_token_id)
+        conv.add_action(ids, text=content)
+        j = i + 1
+        while j < len(msgs) and msgs[j].get("role") != "assistant":
+            j += 1
+        if j > i + 1:
+            conv.add_observation(msgs[i + 1:j])
+        i = j
+    return conv

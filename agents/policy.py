@@ -1,0 +1,139 @@
+"""The `Policy` protocol and the plain data it exchanges: requests, sampling parameters, generations.
+
+Logprob convention (every backend follows it, the trainer must match it): `Generation.logprobs[i]` is
+`log_softmax(logits / T)[token_ids[i]]` where `logits` is the model's unmodified output at that position and
+`T` is the sampling temperature (`T = 1` for greedy decoding). Top-k, top-p and `min_new_tokens` shape which
+token is drawn but not the recorded logprob, so a trainer that divides its own logits by the same `T`
+reproduces the behaviour logprobs from a plain forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from trace_gym.errors import ConfigError
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample; one object per `generate` call."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 disables it."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 disables it."""
+    max_new_tokens: int = 256
+    """Upper bound on sampled tokens per generation (finish_reason "length" when reached)."""
+    min_new_tokens: int = 0
+    """End-of-sequence and stop strings are suppressed before this many tokens (a testing aid)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end the turn when they appear in the sampled text (besides the end-of-turn token)."""
+    include_stop_str_in_output: bool = True
+    """Keep the matched stop string in `Generation.text` (the env then sees e.g. the closing tag)."""
+    n: int = 1
+    """Samples per request; they share the request's prefix computation."""
+    seed: int | None = None
+    """Seed for reproducible sampling; each (request, sample) pair gets its own derived stream."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"expected temperature >= 0, got {self.temperature}; fix: use 0 for greedy")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"expected 0 < top_p <= 1, got {self.top_p}; fix: use 1.0 to disable")
+        if self.top_k < 0:
+            raise ConfigError(f"expected top_k >= 0, got {self.top_k}; fix: use 0 to disable")
+        if self.max_new_tokens < 1 or self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                f"expected 0 <= min_new_tokens <= max_new_tokens >= 1, got {self.min_new_tokens}, "
+                f"{self.max_new_tokens}; fix: raise max_new_tokens"
+            )
+        if self.n < 1:
+            raise ConfigError(f"expected n >= 1, got {self.n}")
+        if isinstance(self.stop, str):
+            raise ConfigError("expected stop to be a tuple of strings, got a str; fix: stop=(s,)")
+        if any(not s for s in self.stop):
+            raise ConfigError("expected non-empty stop strings, got an empty one")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The T in the logprob convention (module docstring)."""
+        return 1.0 if self.greedy else self.temperature
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to continue: chat messages (+ tool schemas) rendered with the chat template, or raw prompt ids.
+
+    Give exactly one of `messages` and `prompt_ids`. Token-id prompts are how multi-turn rollouts keep the
+    exact sampled ids (see `chat.Conversation`).
+    """
+
+    messages: Sequence[Mapping[str, Any]] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    prompt_ids: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt_ids is None):
+            raise ConfigError(
+                "expected exactly one of messages and prompt_ids, got "
+                f"{'both' if self.messages is not None else 'neither'}; fix: pass one"
+            )
+        if self.prompt_ids is not None and len(self.prompt_ids) == 0:
+            raise ConfigError("expected a non-empty prompt_ids, got []")
+
+
+@dataclass
+class Generation:
+    """One sampled continuation."""
+
+    text: str
+    """Decoded sampled tokens without special tokens (and the stop string unless kept by the params)."""
+    token_ids: list[int]
+    """Every sampled id, including a final end-of-turn token; exactly what training should see."""
+    logprobs: list[float]
+    """One per token id, by the convention in the module docstring."""
+    finish_reason: FinishReason
+    """"stop" (end-of-turn token or stop string) or "length" (max_new_tokens)."""
+    prompt_tokens: int
+    """Length of the prompt the tokens continue."""
+    prompt_ids: list[int] = field(default_factory=list)
+    """The prompt ids themselves (empty when a backend cannot report them, e.g. some HTTP servers)."""
+    request_index: int = 0
+    """Index of the request in the `generate` call."""
+    sample_index: int = 0
+    """Index among the request's `n` samples."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A batched text generator.
+
+    Contract: `generate` returns `len(requests) * sampling.n` generations ordered request-major (all samples
+    of request 0, then request 1, ...), each with `request_index`/`sample_index` set. It never raises on model
+    output. With a seed, the result for a (request, sample) pair does not depend on the batch it came in.
+    """
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]: ...
+
+
+def sample_seed(seed: int | None, request_index: int, sample_index: int) -> int | None:
+    """A per-(request, sample) seed, so that results do not depend on batch composition."""
+    if seed is None:
+        return None
+    # splitmix64-style mixing keeps nearby (seed, i, j) triples far apart.
+    x = (seed * 0x9E3779B97F4A7C15 + request_index * 0xBF58476D1CE4E5B9 + sample_index * 0x94D049BB133111EB)
+    x &= (1 << 64) - 1
+    x ^= x >> 31
+    x = (x * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    x ^= x >> 29
+    return x & ((1 << 63) - 1)
