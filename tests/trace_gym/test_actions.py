@@ -1,0 +1,74 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trace_gym import HermesParser, TagParser, Tool
+
+
+def _search(query: str) -> str:
+    """Search the corpus."""
+    return query
+
+
+def _calc(a: int, b: int = 0) -> str:
+    """Add."""
+    return str(a + b)
+
+
+TOOLS = {t.name: t for t in (Tool.from_function(_search, name="search"), Tool.from_function(_calc, name="calc"))}
+ACTION_TEXT = st.one_of(
+    st.text(max_size=300),
+    st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<answer>", "</answer>", "<search>", "</search>",
+                              '{"name": "calc", "arguments": {"a": 1}}', "{", "}", '"', "x", "\n", "null"]),
+             max_size=30).map("".join),
+)
+
+
+def test_hermes_parses_several_calls_in_order():
+    text = ('think <tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>'
+            '<tool_call>{"name": "calc", "arguments": "{\\"a\\": 2}"}</tool_call>')
+    parsed = HermesParser().parse(text, TOOLS)
+    assert parsed.error is None
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("search", {"query": "a"}), ("calc", {"a": 2})]
+
+
+def test_hermes_reports_bad_json_as_error():
+    parsed = HermesParser().parse('<tool_call>{"name": "calc", "arguments": {a: 1}}</tool_call>', TOOLS)
+    assert parsed.calls == () and "not valid JSON" in parsed.error
+
+
+def test_hermes_answer_only_turn():
+    parsed = HermesParser().parse("so <answer> 42 </answer>", TOOLS)
+    assert parsed.answer == "42" and parsed.calls == () and parsed.error is None
+
+
+def test_hermes_rejects_call_and_answer_together():
+    text = '<tool_call>{"name": "calc", "arguments": {"a": 1}}</tool_call><answer>1</answer>'
+    assert "not both" in HermesParser().parse(text, TOOLS).error
+
+
+def test_empty_action_is_an_error_for_both_parsers():
+    assert HermesParser().parse("", TOOLS).error
+    assert TagParser().parse("", TOOLS).error
+
+
+def test_tag_parser_fills_the_single_string_argument_in_order():
+    parsed = TagParser().parse("<search>who</search> then <search>where</search>", TOOLS)
+    assert [c.arguments for c in parsed.calls] == [{"query": "who"}, {"query": "where"}]
+
+
+def test_tag_parser_unclosed_tag_is_an_error():
+    assert "unclosed <search>" in TagParser().parse("<search>who", TOOLS).error
+
+
+def test_megabytes_of_unclosed_tags_parse_without_error_escaping():
+    garbage = "<tool_call><answer><search>" * 200_000
+    assert HermesParser().parse(garbage, TOOLS).error
+    assert TagParser().parse(garbage, TOOLS).error
+
+
+@settings(max_examples=300, deadline=None)
+@given(ACTION_TEXT)
+def test_parsers_never_raise(text):
+    for parser in (HermesParser(), TagParser()):
+        parsed = parser.parse(text, TOOLS)
+        assert (parsed.error is None) == bool(parsed.calls or parsed.answer is not None)

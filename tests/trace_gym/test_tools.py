@@ -1,0 +1,58 @@
+import pytest
+
+from trace_gym import ConfigError, Tool, ToolCall, call_tool
+
+
+def lookup(key: str, limit: int = 3, exact: bool = False) -> str:
+    """Look a key up.
+
+    key: what to look up
+    limit: how many results
+    """
+    return f"{key}:{limit}:{exact}"
+
+
+def boom(x: int) -> str:
+    """Always fails."""
+    raise RuntimeError(f"bad {x}")
+
+
+TOOLS = {t.name: t for t in (Tool.from_function(lookup), Tool.from_function(boom))}
+
+
+def test_schema_from_type_hints_and_docstring():
+    params = TOOLS["lookup"].parameters
+    assert params["required"] == ["key"]
+    assert params["properties"]["key"] == {"type": "string", "description": "what to look up"}
+    assert params["properties"]["limit"]["type"] == "integer"
+    assert params["properties"]["exact"]["type"] == "boolean"
+    assert TOOLS["lookup"].schema()["function"]["description"] == "Look a key up."
+
+
+def test_valid_call_runs():
+    assert call_tool(TOOLS, ToolCall("lookup", {"key": "k", "limit": 5})) == ("k:5:False", None)
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (ToolCall("nope", {}), "unknown tool 'nope'"),
+    (ToolCall("lookup", {}), "'key' is a required property"),
+    (ToolCall("lookup", {"key": "k", "limit": "five"}), "limit: 'five' is not of type 'integer'"),
+    (ToolCall("lookup", {"key": "k", "extra": 1}), "Additional properties are not allowed"),
+    (ToolCall("boom", {"x": 1}), "boom failed: RuntimeError: bad 1"),
+])
+def test_bad_calls_become_error_observations(call, fragment):
+    observation, error = call_tool(TOOLS, call)
+    assert fragment in error and observation.startswith("Error: ")
+
+
+def test_long_results_are_truncated_with_a_note():
+    tools = {"echo": Tool.from_function(lambda text: text * 3, name="echo")}
+    observation, error = call_tool(tools, ToolCall("echo", {"text": "x" * 100}), max_chars=50)
+    assert error is None and observation.startswith("x" * 50) and "truncated 250 characters" in observation
+
+
+def test_invalid_tool_definitions_raise_config_errors():
+    with pytest.raises(ConfigError, match="tool name"):
+        Tool("bad name", "d", {"type": "object"}, fn=print)
+    with pytest.raises(ConfigError, match="type 'object'"):
+        Tool("ok", "d", {"type": "string"}, fn=print)

@@ -1,0 +1,147 @@
+"""Action parsers: the assistant's turn (text) -> tool calls, final answer, or a parse error.
+
+Parsers scan with ``str.find`` rather than lazy regexes so that megabytes of unclosed tags stay linear.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from trace_gym.tools import Tool
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One requested tool invocation."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """What a turn asked for. ``error`` is a message for the model when the turn is malformed."""
+
+    text: str
+    calls: tuple[ToolCall, ...] = ()
+    answer: str | None = None
+    error: str | None = None
+
+
+class ActionParser(Protocol):
+    """Turns assistant text into calls and an answer. Contract: never raises on any ``str``."""
+
+    def parse(self, text: str, tools: Mapping[str, Tool]) -> ParsedAction: ...
+
+    def instructions(self, tools: Sequence[Tool]) -> str: ...
+
+
+def find_blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], bool]:
+    """Bodies of ``open_tag ... close_tag`` blocks in order, and whether an opened block was left unclosed."""
+    bodies: list[str] = []
+    pos = 0
+    while (start := text.find(open_tag, pos)) != -1:
+        end = text.find(close_tag, start + len(open_tag))
+        if end == -1:
+            return bodies, True
+        bodies.append(text[start + len(open_tag) : end])
+        pos = end + len(close_tag)
+    return bodies, False
+
+
+def _answer(text: str) -> tuple[str | None, str | None]:
+    bodies, unclosed = find_blocks(text, "<answer>", "</answer>")
+    if unclosed and not bodies:
+        return None, "unclosed <answer> tag: write <answer>your answer</answer>"
+    return (bodies[-1].strip(), None) if bodies else (None, None)
+
+
+_ANSWER_HELP = "When you know the final answer, reply with <answer>your answer</answer> and no tool call."
+
+
+class HermesParser:
+    """Hermes/Qwen3 tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, several per turn."""
+
+    def parse(self, text: str, tools: Mapping[str, Tool]) -> ParsedAction:
+        bodies, unclosed = find_blocks(text, "<tool_call>", "</tool_call>")
+        if unclosed:
+            return ParsedAction(text, error="unclosed <tool_call> tag: close each call with </tool_call>")
+        calls = []
+        for body in bodies:
+            try:
+                obj = json.loads(body)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                return ParsedAction(text, error=f"tool call is not valid JSON ({exc}); expected "
+                                    '{"name": "<tool>", "arguments": {...}}')
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                return ParsedAction(text, error='expected a tool call object {"name": "<tool>", "arguments": {...}}')
+            args = obj.get("arguments", {})
+            if isinstance(args, str):  # some models emit the arguments as a JSON string
+                try:
+                    args = json.loads(args)
+                except (json.JSONDecodeError, RecursionError):
+                    return ParsedAction(text, error="tool call arguments are a string that is not JSON")
+            if not isinstance(args, dict):
+                return ParsedAction(text, error=f"expected tool call arguments as an object, got {type(args).__name__}")
+            calls.append(ToolCall(obj["name"], args))
+        answer, error = _answer(text)
+        if error:
+            return ParsedAction(text, error=error)
+        if calls and answer is not None:
+            return ParsedAction(text, error="a turn gives either tool calls or an <answer>, not both")
+        if not calls and answer is None:
+            return ParsedAction(text, error="no <tool_call> and no <answer> found. " + _ANSWER_HELP)
+        return ParsedAction(text, calls=tuple(calls), answer=answer)
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        schemas = "\n".join(json.dumps(t.schema(), ensure_ascii=False) for t in tools)
+        return (
+            "You may call these tools:\n<tools>\n" + schemas + "\n</tools>\n"
+            "To call a tool, write <tool_call>{\"name\": <tool-name>, \"arguments\": <args-json-object>}"
+            "</tool_call>. The results come back in the next message. " + _ANSWER_HELP
+        )
+
+
+class TagParser:
+    """Tag-style actions: ``<search>query</search>``, ``<python>code</python>``, ``<answer>...</answer>``.
+
+    A tag names a tool; its body fills the tool's single required string argument.
+    """
+
+    def parse(self, text: str, tools: Mapping[str, Tool]) -> ParsedAction:
+        found: list[tuple[int, ToolCall]] = []
+        for name, tool in tools.items():
+            pos = 0
+            while (start := text.find(f"<{name}>", pos)) != -1:
+                end = text.find(f"</{name}>", start)
+                if end == -1:
+                    return ParsedAction(text, error=f"unclosed <{name}> tag: close it with </{name}>")
+                found.append((start, ToolCall(name, {_text_argument(tool): text[start + len(name) + 2 : end]})))
+                pos = end + len(name) + 3
+        answer, error = _answer(text)
+        if error:
+            return ParsedAction(text, error=error)
+        calls = tuple(call for _, call in sorted(found, key=lambda item: item[0]))
+        if calls and answer is not None:
+            return ParsedAction(text, error="a turn gives either a tool call or an <answer>, not both")
+        if not calls and answer is None:
+            tags = " or ".join(f"<{n}>...</{n}>" for n in tools) or "a tool tag"
+            return ParsedAction(text, error=f"no {tags} and no <answer> found. " + _ANSWER_HELP)
+        return ParsedAction(text, calls=calls, answer=answer)
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        lines = [f"- <{t.name}>{_text_argument(t)}</{t.name}>: {t.description}" for t in tools]
+        return "You may use these tools by writing their tags:\n" + "\n".join(lines) + "\n" + _ANSWER_HELP
+
+
+def _text_argument(tool: Tool) -> str:
+    """The argument that a tag's body fills: the first required string parameter."""
+    props = tool.parameters.get("properties", {})
+    for pname in tool.parameters.get("required", []) or list(props):
+        if props.get(pname, {}).get("type") == "string":
+            return pname
+    return next(iter(props), "input")

@@ -1,0 +1,268 @@
+"""Base classes: ``TextEnv`` (string observations and actions, one episode = one task, one step = one turn)
+and ``ToolEnv`` (declared tools, an action parser, a verifier)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+import gymnasium as gym
+
+from trace_gym.actions import ActionParser, HermesParser
+from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
+from trace_gym.snapshot import NativeSnapshot, ReplaySnapshot, Snapshot
+from trace_gym.spaces import String
+from trace_gym.tasks import Task
+from trace_gym.tools import Tool, call_tool
+
+
+@dataclass
+class Turn:
+    """The outcome of one assistant turn, as an env's ``turn()`` reports it."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None  # appended after the assistant message; default: one tool message
+
+
+class TextEnv(gym.Env[str, str]):
+    """An episode is a task; a step is a turn. Subclasses implement ``load_tasks``, ``begin`` and ``turn``.
+
+    ``episode_fields`` names the attributes that hold per-episode state beyond the base's; native snapshots
+    deep-copy them (override ``state_dict``/``load_state_dict`` or ``native_snapshot`` for anything else).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium's class attribute
+    episode_fields: tuple[str, ...] = ()
+
+    def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, render_mode: str | None = None,
+                 max_action_chars: int = 32_000):
+        if max_turns < 1:
+            raise ConfigError(f"expected max_turns >= 1, got {max_turns}")
+        if render_mode not in (None, "ansi"):
+            raise ConfigError(f"expected render_mode None or 'ansi', got {render_mode!r}")
+        self.observation_space = String()
+        self.action_space = String()
+        self.max_turns = max_turns
+        self.max_action_chars = max_action_chars
+        self.render_mode = render_mode
+        self._given_tasks = list(tasks) if tasks is not None else None
+        self.task: Task | None = None
+        self.turn_count = 0
+        self.messages: list[dict[str, Any]] = []
+        self._actions: list[str] = []
+        self._done = False
+        self._last: tuple[str, dict[str, Any]] = ("", {})
+        self._rng_after_reset: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------- dataset
+    @cached_property
+    def tasks(self) -> Sequence[Task]:
+        tasks = self._given_tasks if self._given_tasks is not None else list(self.load_tasks())
+        if not tasks:
+            raise ConfigError(f"{type(self).__name__} has an empty dataset; pass tasks= or check the data path")
+        return tasks
+
+    @cached_property
+    def _task_index(self) -> dict[str, Task]:
+        return {t.id: t for t in self.tasks}
+
+    def load_tasks(self) -> Sequence[Task]:
+        raise ConfigError(f"{type(self).__name__} has no dataset: pass tasks= or override load_tasks()")
+
+    def task_by_id(self, task_id: str) -> Task:
+        try:
+            return self._task_index[task_id]
+        except KeyError:
+            raise ConfigError(f"expected a task id of this dataset, got {task_id!r}") from None
+
+    # ----------------------------------------------------------------- hooks
+    def begin(self, task: Task) -> str:
+        """Set up per-episode state; return the first observation (and fill ``self.messages``)."""
+        self.messages = [{"role": "user", "content": task.prompt}]
+        return task.prompt
+
+    def turn(self, action: str) -> Turn:
+        raise NotImplementedError(f"{type(self).__name__} must implement turn(action)")
+
+    def example_actions(self) -> list[str]:
+        """A few well-formed actions for the current task (used by the conformance checker and fuzzers)."""
+        return []
+
+    def reset_info(self) -> dict[str, Any]:
+        return {}
+
+    # ----------------------------------------------------------------- gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task = self._choose_task(options or {})
+        self._rng_after_reset = copy.deepcopy(self.np_random.bit_generator.state)
+        return self._start(task)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None:
+            raise TraceGymError("expected reset() before step(); call env.reset()")
+        if self._done:
+            raise TraceGymError("the episode is over; call reset() or restore a snapshot before step()")
+        if not isinstance(action, str):
+            raise ConfigError(f"expected the action as str (the assistant's turn), got {type(action).__name__}")
+        self._actions.append(action)
+        self.turn_count += 1
+        self.messages.append({"role": "assistant", "content": action})
+        if len(action) > self.max_action_chars:
+            msg = f"action of {len(action)} characters exceeds the limit of {self.max_action_chars}"
+            result = Turn(f"Error: {msg}", info={"error": msg})
+        else:
+            result = self.turn(action)
+        self.messages.extend(result.messages if result.messages is not None
+                             else [{"role": "tool", "content": result.observation}])
+        truncated = not result.terminated and self.turn_count >= self.max_turns
+        info = dict(result.info)
+        if truncated:
+            info["stop_reason"] = "max_turns"
+        self._done = result.terminated or truncated
+        reward = float(result.reward) if result.terminated else 0.0
+        info = self._with_base_info(info)
+        self._last = (result.observation, info)
+        return result.observation, reward, result.terminated, truncated, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in self.messages)
+
+    # ----------------------------------------------------------------- snapshots
+    def snapshot(self, kind: Literal["native", "replay"] = "native") -> Snapshot:
+        """Capture the episode. ``native`` is fast and local; ``replay`` is portable across instances."""
+        if self.task is None:
+            raise SnapshotError("expected a started episode; call reset() before snapshot()")
+        if kind == "native":
+            return self.native_snapshot()
+        if kind == "replay":
+            return ReplaySnapshot(type(self).__qualname__, self.task, copy.deepcopy(self._rng_after_reset),
+                                  tuple(self._actions))
+        raise ConfigError(f"expected snapshot kind 'native' or 'replay', got {kind!r}")
+
+    def restore(self, snapshot: Snapshot) -> tuple[str, dict[str, Any]]:
+        """Return the env to ``snapshot``'s state; returns that state's observation and info."""
+        return snapshot.restore_into(self)
+
+    def native_snapshot(self) -> Snapshot:
+        return NativeSnapshot(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.episode_fields}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def base_state(self) -> dict[str, Any]:
+        return {
+            "task": self.task, "turn_count": self.turn_count, "messages": self.messages,
+            "actions": self._actions, "done": self._done, "last": self._last,
+            "rng": self.np_random.bit_generator.state, "rng_after_reset": self._rng_after_reset,
+        }
+
+    def load_base_state(self, state: Mapping[str, Any]) -> None:
+        self.task, self.turn_count, self.messages = state["task"], state["turn_count"], state["messages"]
+        self._actions, self._done, self._last = state["actions"], state["done"], state["last"]
+        self.np_random.bit_generator.state = state["rng"]
+        self._rng_after_reset = state["rng_after_reset"]
+
+    def replay(self, task: Task, rng_state: dict[str, Any], actions: Sequence[str]) -> tuple[str, dict[str, Any]]:
+        """Start ``task`` with the RNG in ``rng_state`` and play ``actions`` (what a replay snapshot restores)."""
+        self.np_random.bit_generator.state = rng_state
+        self._rng_after_reset = copy.deepcopy(rng_state)
+        self._start(task)
+        for action in actions:
+            self.step(action)
+        return self.current()
+
+    def current(self) -> tuple[str, dict[str, Any]]:
+        """The latest observation and info (after reset, step or restore)."""
+        obs, info = self._last
+        return obs, dict(info)
+
+    # ----------------------------------------------------------------- internals
+    def _choose_task(self, options: Mapping[str, Any]) -> Task:
+        if "task" in options:
+            task = options["task"]
+            if not isinstance(task, Task):
+                raise ConfigError(f"expected options['task'] to be a trace_gym.Task, got {type(task).__name__}")
+            return task
+        if "task_id" in options:
+            return self.task_by_id(str(options["task_id"]))
+        if "index" in options:
+            return self.tasks[int(options["index"]) % len(self.tasks)]
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    def _start(self, task: Task) -> tuple[str, dict[str, Any]]:
+        self.task, self.turn_count, self._actions, self._done = task, 0, [], False
+        obs = self.begin(task)
+        info = self._with_base_info(self.reset_info())
+        self._last = (obs, info)
+        return obs, dict(info)
+
+    def _with_base_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        assert self.task is not None
+        info.update(task_id=self.task.id, turn=self.turn_count, messages=list(self.messages))
+        return info
+
+
+class ToolEnv(TextEnv):
+    """A ReAct env: the model calls declared tools until it answers; ``verify`` scores the answer.
+
+    Subclasses provide ``tools()``, ``verify()`` and a dataset (``load_tasks`` or ``tasks=``).
+    """
+
+    system_prompt: str = "You are a helpful assistant that solves the task step by step, using tools."
+
+    def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, parser: ActionParser | None = None,
+                 **kwargs: Any):
+        super().__init__(tasks=tasks, max_turns=max_turns, **kwargs)
+        self.parser: ActionParser = parser or HermesParser()
+
+    def tools(self) -> Sequence[Tool]:
+        return []
+
+    def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
+        raise NotImplementedError(f"{type(self).__name__} must implement verify(task, answer)")
+
+    @cached_property
+    def tool_map(self) -> dict[str, Tool]:
+        return {t.name: t for t in self.tools()}
+
+    def begin(self, task: Task) -> str:
+        system = self.system_prompt + "\n\n" + self.parser.instructions(list(self.tool_map.values()))
+        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+        return task.prompt
+
+    def reset_info(self) -> dict[str, Any]:
+        return {"tools": [t.schema() for t in self.tool_map.values()]}
+
+    def turn(self, action: str) -> Turn:
+        parsed = self.parser.parse(action, self.tool_map)
+        if parsed.error is not None:
+            return Turn(f"Error: {parsed.error}", info={"error": parsed.error})
+        if parsed.answer is not None:
+            assert self.task is not None
+            reward, verdict = self.verify(self.task, parsed.answer)
+            info = {**verdict, "answer": parsed.answer, "stop_reason": "answer"}
+            return Turn("", reward=reward, terminated=True, info=info, messages=[])
+        results, errors = [], []
+        for call in parsed.calls:
+            text, error = call_tool(self.tool_map, call)
+            results.append(text)
+            if error:
+                errors.append(error)
+        info: dict[str, Any] = {"tool_calls": len(parsed.calls)}
+        if errors:
+            info["error"] = "; ".join(errors)
+        return Turn("\n\n".join(results), info=info,
+                    messages=[{"role": "tool", "name": c.name, "content": r} for c, r in zip(parsed.calls, results)])

@@ -1,0 +1,22 @@
+"""Every ``trace/*`` id, as data. Registered through gymnasium's own registry when ``trace_gym`` is imported;
+entry points are strings, so registering imports no env module, builds no index and loads no data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+# id -> (entry point, constructor kwargs)
+ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {}
+
+
+def register_envs() -> None:
+    """Register every id in ``ENV_SPECS`` that gymnasium does not know yet (idempotent)."""
+    for env_id, (entry_point, kwargs) in ENV_SPECS.items():
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=entry_point, kwargs=kwargs)
+
+
+def trace_env_ids() -> list[str]:
+    return sorted(ENV_SPECS)

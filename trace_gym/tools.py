@@ -1,0 +1,109 @@
+"""Tools: a typed callable with a name, a description and a JSON schema, dispatched after validation."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import jsonschema
+
+from trace_gym.actions import ToolCall
+from trace_gym.errors import ConfigError
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object"}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call. ``fn`` receives validated keyword arguments and returns text."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any] = field(compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", self.name):
+            raise ConfigError(f"expected a tool name of letters, digits and _.-, got {self.name!r}")
+        if self.parameters.get("type") != "object":
+            raise ConfigError(f"expected tool {self.name!r} parameters with type 'object', got {self.parameters}")
+        jsonschema.Draft202012Validator.check_schema(self.parameters)
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling form that chat templates render."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    @cached_property
+    def validator(self) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator(self.parameters)
+
+    @classmethod
+    def from_function(cls, fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> Tool:
+        """Build the schema from type hints; the docstring's first paragraph is the description and its
+        ``name: text`` lines describe the parameters."""
+        doc = inspect.getdoc(fn) or ""
+        hints = typing.get_type_hints(fn)
+        arg_docs = dict(re.findall(r"^\s*(\w+)\s*(?:\([^)]*\))?:\s*(.+)$", doc, flags=re.MULTILINE))
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        for pname, param in inspect.signature(fn).parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or pname == "self":
+                continue
+            prop = _json_type(hints.get(pname, str))
+            if pname in arg_docs:
+                prop["description"] = arg_docs[pname].strip()
+            properties[pname] = prop
+            if param.default is inspect.Parameter.empty:
+                required.append(pname)
+        schema = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+        summary = description or doc.split("\n\n")[0].replace("\n", " ").strip() or (name or fn.__name__)
+        return cls(name=name or fn.__name__, description=summary, parameters=schema, fn=fn)
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _json_type(args[0]) if len(args) == 1 else {}
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        return {"type": "array", "items": _json_type(args[0])} if args else {"type": "array"}
+    if origin is dict:
+        return {"type": "object"}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(hint))}
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    return {}
+
+
+def call_tool(tools: Mapping[str, Tool], call: ToolCall, max_chars: int = 8000) -> tuple[str, str | None]:
+    """Validate and run one call. Returns ``(observation, error)``; never raises on the model's input."""
+    tool = tools.get(call.name)
+    if tool is None:
+        known = ", ".join(sorted(tools)) or "none"
+        msg = f"unknown tool {call.name!r}; available tools: {known}"
+        return f"Error: {msg}", msg
+    problems = sorted(tool.validator.iter_errors(call.arguments), key=lambda e: list(e.path))
+    if problems:
+        where = "/".join(str(p) for p in problems[0].path) or "arguments"
+        msg = f"invalid arguments for {call.name}: {where}: {problems[0].message}"
+        return f"Error: {msg}", msg
+    try:
+        result = tool.fn(**call.arguments)
+    except Exception as exc:  # the tool's failure is reported to the model, not raised
+        msg = f"{call.name} failed: {type(exc).__name__}: {exc}"
+        return f"Error: {msg}", msg
+    text = result if isinstance(result, str) else str(result)
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n[... truncated {len(text) - max_chars} characters]"
+    return text, None
