@@ -1,0 +1,151 @@
+"""BFCL's executable multi-turn backends (classes from the `bfcl-eval` package), run without `eval`.
+
+The env owns its instances (bfcl_eval's execute_multi_turn_func_call caches them in module globals and
+evals the call strings: never used here). A call runs by attribute lookup of a declared tool name on the
+instance that owns it, after jsonschema validation of its arguments."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema
+from trace_gym.environments.bfcl.calls import Call
+from trace_gym.environments.bfcl.data import FUNC_DOC_FILES
+from trace_gym.environments.bfcl.schema import parameters_schema
+
+# bfcl_eval.utils creates result folders under its project root at import; keep them out of the cwd.
+os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "trace_gym_bfcl"))
+
+_MODULE_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code."
+# bfcl_eval/constants/executable_backend_config.py CLASS_FILE_PATH_MAPPING, the eight offline classes.
+_CLASS_MODULES = {
+    "GorillaFileSystem": "gorilla_file_system",
+    "MathAPI": "math_api",
+    "MessageAPI": "message_api",
+    "TwitterAPI": "posting_api",
+    "TicketAPI": "ticket_api",
+    "TradingBot": "trading_bot",
+    "TravelAPI": "travel_booking",
+    "VehicleControlAPI": "vehicle_control",
+}
+assert set(_CLASS_MODULES) == set(FUNC_DOC_FILES)
+STATELESS_CLASSES = frozenset({"MathAPI"})  # executable_backend_config.STATELESS_CLASSES
+
+
+def backend_class(name: str) -> type:
+    """The bfcl-eval backend class called `name` (ImportError with the install line if bfcl-eval is absent)."""
+    if name not in _CLASS_MODULES:
+        raise ValueError(f"expected a BFCL backend class in {sorted(_CLASS_MODULES)}, got {name!r}")
+    try:
+        module = importlib.import_module(_MODULE_PREFIX + _CLASS_MODULES[name])
+    except ImportError as e:
+        raise ImportError("the BFCL environments need bfcl-eval's backends; fix: "
+                          "pip install --no-deps bfcl-eval==2026.3.23 mpmath") from e
+    return getattr(module, name)
+
+
+def make_instances(entry: Mapping[str, Any], long_context: bool) -> dict[str, Any]:
+    """Fresh backend instances of an entry, loaded with its initial_config as BFCL does."""
+    instances: dict[str, Any] = {}
+    for name in entry["involved_classes"]:
+        instance = backend_class(name)()
+        if name not in STATELESS_CLASSES:
+            config = copy.deepcopy(entry.get("initial_config", {}).get(name, {}))
+            instance._load_scenario(config, long_context=long_context)
+        instances[name] = instance
+    return instances
+
+
+def method_owners(instances: Mapping[str, Any]) -> dict[str, str]:
+    """Public method name -> owning class name; a later class wins a clash, as in BFCL's mapping."""
+    owners: dict[str, str] = {}
+    for class_name, instance in instances.items():
+        for method_name, _ in inspect.getmembers(instance, predicate=inspect.ismethod):
+            if not method_name.startswith("_"):
+                owners[method_name] = class_name
+    return owners
+
+
+def _jsonable(value: Any) -> Any:
+    """The JSON view of a Python literal (tuples as lists) for schema validation only."""
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _without_types(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _without_types(v) for k, v in schema.items() if k != "type" or not isinstance(v, str)}
+    return schema
+
+
+class Validators:
+    """jsonschema validators of the visible functions, built once per function doc.
+
+    With `strict_types=False` (the default of the envs) the schemas keep names, required arguments, enums and
+    nesting but drop value types: BFCL executes whatever Python values a call carries, and its own ground
+    truth passes values of another type than the docs say (`close_ticket(ticket_id='ticket_001')` against
+    an integer `ticket_id`), so checking types would fail calls that BFCL counts as right."""
+
+    def __init__(self, strict_types: bool = False) -> None:
+        self.strict_types = strict_types
+        self._cache: dict[str, jsonschema.protocols.Validator] = {}
+
+    def validate(self, doc: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+        validator = self._cache.get(doc["name"])
+        if validator is None:
+            schema = parameters_schema(dict(doc))
+            if not self.strict_types:
+                schema = {**_without_types(schema), "type": "object"}
+            validator = jsonschema.Draft202012Validator(schema)
+            self._cache[doc["name"]] = validator
+        error = jsonschema.exceptions.best_match(validator.iter_errors(_jsonable(dict(arguments))))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        return f"{where + ': ' if where else ''}{error.message}"
+
+
+def format_result(result: Any) -> str:
+    """A method's return value as BFCL's execute_multi_turn_func_call renders it."""
+    if type(result) is str:
+        return result
+    if type(result) is dict:
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            return str(result)
+    return str(result)
+
+
+def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mapping[str, Mapping[str, Any]],
+            validators: Validators, call: Call) -> tuple[str, bool]:
+    """Run one decoded call on the owned instances: (result text, ok). Never raises on model input.
+
+    `docs` are the functions visible to the model now; a call to anything else is refused."""
+    doc = docs.get(call.name)
+    if doc is None or call.name not in owners:
+        return f"Error: no function named {call.name!r} is available.", False
+    method = getattr(instances[owners[call.name]], call.name)
+    arguments = call.arguments
+    if call.positional:
+        try:
+            arguments = dict(inspect.signature(method).bind_partial(*call.positional, **arguments).arguments)
+        except TypeError as e:
+            return f"Error: invalid arguments for {call.name}: {e}", False
+    problem = validators.validate(doc, arguments)
+    if problem is not None:
+        return f"Error: invalid arguments for {call.name}: {problem}", False
+    try:
+        return format_result(method(**arguments)), True
+    except Exception as e:  # a backend raising on odd input is a model mistake, reported as BFCL does
+        return f"Error during execution: {e}", False
