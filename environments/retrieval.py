@@ -36,6 +36,7 @@ __all__ = [
     "SearchEngine",
     "Tokenizer",
     "cache_root",
+    "clear_memory_cache",
     "corpus_key",
     "format_passages",
     "get_index",
@@ -203,21 +204,30 @@ class BM25Index:
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for `query` (zeros when no query token is in the vocabulary)."""
+        return self.scores_for_tokens(self.tokenize(query))
+
+    def scores_for_tokens(self, tokens: Sequence[str]) -> np.ndarray:
         vocab = self._bm25.vocab_dict
-        ids = [vocab[t] for t in self.tokenize(query) if t in vocab]
+        ids = [vocab[t] for t in tokens if t in vocab]
         if not ids:
             return np.zeros(len(self.passages), dtype=np.float32)
         return self._bm25.get_scores_from_ids(ids)
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
-        """Top-`k` passages with a positive score, ties broken by corpus order."""
-        s = self.scores(query)
-        k = min(k, len(s))
-        if k <= 0:
-            return []
-        top = np.argpartition(-s, k - 1)[:k] if k < len(s) else np.arange(len(s))
-        top = top[np.lexsort((top, -s[top]))]
-        return [(int(i), float(s[i])) for i in top if s[i] > 0]
+        """Top-`k` (passage index, score) with a positive score, best first, ties broken by corpus order."""
+        return _top_k(self.scores(query), k)
+
+    def search_tokens(self, tokens: Sequence[str], k: int) -> list[tuple[int, float]]:
+        return _top_k(self.scores_for_tokens(tokens), k)
+
+
+def _top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    k = min(k, len(scores))
+    if k <= 0:
+        return []
+    top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+    top = top[np.lexsort((top, -scores[top]))]
+    return [(int(i), float(scores[i])) for i in top if scores[i] > 0]
 
 
 _INDEXES: dict[str, BM25Index] = {}
@@ -249,6 +259,12 @@ def get_index(
         return index
 
 
+def clear_memory_cache() -> None:
+    """Forget the process-wide indexes (the disk cache stays); the next `get_index` loads or rebuilds."""
+    with _INDEXES_LOCK:
+        _INDEXES.clear()
+
+
 def _save_atomically(index: BM25Index, directory: Path) -> None:
     """Write into a sibling temp dir and rename, so concurrent processes never read a half-written index."""
     try:
@@ -275,20 +291,21 @@ def load_corpus(path: str | os.PathLike[str]) -> list[Passage]:
     """
     path = Path(path)
     raw = path.read_text(encoding="utf-8")
-    stripped = raw.lstrip()
     records: Any
-    if stripped.startswith("{") and "\n" in stripped.strip():
+    try:
+        records = json.loads(raw)
+    except json.JSONDecodeError:
         try:
-            records = json.loads(raw)
-        except json.JSONDecodeError:
             records = [json.loads(line) for line in raw.splitlines() if line.strip()]
-    else:
-        records = json.loads(raw) if stripped else []
+        except json.JSONDecodeError as e:
+            raise DataError(f"expected JSON or JSON Lines in {path}, got a parse error: {e}") from e
     if isinstance(records, dict):
-        if "title" in records and ("text" in records or "contents" in records):
+        if "text" in records or "contents" in records:
             records = [records]  # a one-line JSONL file
         else:
             records = [{"title": t, "text": v} for t, v in records.items()]
+    if not isinstance(records, list):
+        raise DataError(f"expected a list of passages in {path}, got {type(records).__name__}")
     out: list[Passage] = []
     for i, r in enumerate(records):
         if not isinstance(r, dict):
