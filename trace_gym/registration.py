@@ -8,7 +8,13 @@ from typing import Any
 import gymnasium as gym
 
 # id -> (entry point, constructor kwargs)
-ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {}
+_QA = "trace_gym.environments.qa:MultiHopQAEnv"
+ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    "trace/HotpotQA-v0": (_QA, {"dataset": "hotpotqa"}),
+    "trace/2Wiki-v0": (_QA, {"dataset": "2wiki"}),
+    "trace/MuSiQue-v0": (_QA, {"dataset": "musique"}),
+    "trace/Bamboogle-v0": (_QA, {"dataset": "bamboogle"}),
+}
 
 
 def register_envs() -> None:

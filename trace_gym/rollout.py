@@ -1,0 +1,109 @@
+"""``trace-gym envs`` and ``trace-gym rollout``: scripted-expert tree rollouts saved as JSONL.
+
+Each episode is one tree: a full expert trajectory, then ``branches`` continuations from random visited
+non-terminal turns, each played to the end. With a noisy expert the trees have mixed outcomes, which is what
+allocation and tree advantages feed on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trace_gym.errors import ConfigError
+from trace_gym.experts import Expert
+from trace_gym.registration import ENV_SPECS, trace_env_ids
+from trace_gym.tree import RolloutTree
+from trace_gym.wrappers import TreeRolloutWrapper
+
+
+def play_to_end(env: TreeRolloutWrapper, expert: Expert, messages: list[dict[str, Any]]) -> None:
+    """Step ``expert`` until the episode ends, starting from the env's current node."""
+    task = env.base.task
+    assert task is not None
+    while True:
+        _, _, terminated, truncated, info = env.step(expert.act(task, messages))
+        if terminated or truncated:
+            return
+        messages = info["messages"]
+
+
+def expert_tree(env: TreeRolloutWrapper, expert: Expert, rng: np.random.Generator, branches: int,
+                seed: int | None = None, options: dict[str, Any] | None = None) -> RolloutTree:
+    """One bare expert rollout plus ``branches`` continuations from uniformly chosen visited prefixes."""
+    _, info = env.reset(seed=seed, options=options)
+    play_to_end(env, expert, info["messages"])
+    for _ in range(branches):
+        assert env.tree is not None
+        open_nodes = [n.id for n in env.tree if not n.is_terminal]
+        _, info = env.branch(open_nodes[int(rng.integers(len(open_nodes)))])
+        play_to_end(env, expert, info["messages"])
+    assert env.tree is not None
+    return env.tree
+
+
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    if command == "rollout":
+        parser.add_argument("--env", required=True, help="a registered id, e.g. trace/HotpotQA-v0")
+        parser.add_argument("--policy", default="expert", choices=["expert"], help="the scripted expert of the env")
+        parser.add_argument("--noise", type=float, default=0.3, help="expert noise: chance of a wrong step")
+        parser.add_argument("--episodes", type=int, default=20, help="trees to roll out")
+        parser.add_argument("--branches", type=int, default=3, help="continuations per tree")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--out", type=Path, required=True, help="JSONL file, one tree per line")
+
+
+def run(command: str, args: argparse.Namespace) -> int:
+    console = Console()
+    if command == "envs":
+        table = Table("id", "entry point", "settings", "tools")
+        for env_id in trace_env_ids():
+            entry, kwargs = ENV_SPECS[env_id]
+            env = gym.make(env_id).unwrapped
+            tools = ", ".join(t.name for t in getattr(env, "tool_map", {}).values())
+            table.add_row(env_id, entry, json.dumps(kwargs), tools)
+            env.close()
+        console.print(table)
+        return 0
+    return _rollout(args, console)
+
+
+def _rollout(args: argparse.Namespace, console: Console) -> int:
+    if args.episodes < 1 or args.branches < 0:
+        raise ConfigError(f"expected --episodes >= 1 and --branches >= 0, got {args.episodes}, {args.branches}")
+    env = TreeRolloutWrapper(gym.make(args.env))
+    expert_fn = getattr(env.base, "expert", None)
+    if expert_fn is None:
+        raise ConfigError(f"{args.env} has no scripted expert; pass a model policy instead")
+    expert = expert_fn(noise=args.noise, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    successes, mixed, turns, leaves = 0.0, 0, 0, 0
+    columns = (TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with args.out.open("w") as f, Progress(*columns, console=console) as progress:
+        for episode in progress.track(range(args.episodes), description="trees"):
+            tree = expert_tree(env, expert, rng, args.branches, seed=args.seed + episode)
+            f.write(tree.to_json() + "\n")
+            tree_leaves = tree.leaves()
+            successes += sum(leaf.reward for leaf in tree_leaves)
+            leaves += len(tree_leaves)
+            turns += sum(leaf.depth for leaf in tree_leaves)
+            mixed += tree.is_mixed()
+    env.close()
+    elapsed = time.perf_counter() - start
+    table = Table("env", "trees", "trajectories", "success rate", "mixed trees", "mean turns", "seconds")
+    table.add_row(args.env, str(args.episodes), str(leaves), f"{successes / leaves:.3f}",
+                  f"{mixed}/{args.episodes}", f"{turns / leaves:.2f}", f"{elapsed:.1f}")
+    console.print(table)
+    console.print(f"trees written to {args.out}")
+    return 0
