@@ -136,6 +136,10 @@ def _sympy_equal(gold: str, pred: str) -> bool:
     return bool(sympy.simplify(a - b) == 0)
 
 
+def _on_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def _bounded(fn: Callable[[], Any], default: Any) -> Any:
     """Run ``fn`` with the time bound described in the module docstring; ``default`` on error or overrun."""
     if threading.current_thread() is threading.main_thread():
@@ -176,8 +180,7 @@ def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
             continue  # two plain numbers that differ: no symbolic check can make them equal
         if len(p) > MAX_CHARS or len(g) > MAX_CHARS:
             continue
-        timeouts = threading.current_thread() is threading.main_thread()
-        ok, parsed_gold, parsed_pred = _bounded(lambda g_raw=g_raw: _math_verify(g_raw, pred, timeouts),
+        ok, parsed_gold, parsed_pred = _bounded(lambda g_raw=g_raw: _math_verify(g_raw, pred, _on_main()),
                                                 (False, "", ""))
         info.update(parsed_gold=parsed_gold, parsed_answer=parsed_pred or p)
         if ok:

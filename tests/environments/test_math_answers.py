@@ -3,7 +3,6 @@
 import threading
 
 import pytest
-
 from trace_gym.environments.math_answers import check_answer, extract_answer, gsm8k_gold, last_boxed
 
 EQUIVALENT = [
