@@ -93,13 +93,12 @@ class Conversation:
         self.messages.append({"role": "assistant", "content": text})
 
     def add_observation(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Append the messages after the last assistant turn (tool results, user turns) plus the next
-        generation prompt, rendered by the chat template; returns the appended ids."""
+        """Append the messages after the last assistant turn (tool results, user turns; none for two
+        assistant turns in a row) plus the next generation prompt, rendered by the chat template; returns the
+        appended ids."""
         if not self.segments or self.segments[-1].kind != "action":
             raise ConfigError("expected add_observation right after add_action, got two observations in a row")
         new = [dict(m) for m in messages]
-        if not new:
-            raise ConfigError("expected at least one observation message, got []")
         delta = self._delta(new)
         ids = encode(self.tokenizer, delta)
         start = len(self.ids)
@@ -170,7 +169,7 @@ def tokenize_episode(tokenizer, messages: Sequence[Mapping[str, Any]],
         j = i + 1
         while j < len(msgs) and msgs[j].get("role") != "assistant":
             j += 1
-        if j > i + 1:
+        if j < len(msgs) or j > i + 1:
             conv.add_observation(msgs[i + 1:j])
         i = j
     return conv

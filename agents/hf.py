@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from trace_gym.agents.chat import encode, end_of_turn_ids, render_prompt
-from trace_gym.agents.policy import Generation, Request, SamplingParams, sample_seed
+from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
 
 from trace_gym.errors import ConfigError
 
@@ -76,10 +76,11 @@ class HFPolicy:
         out: list[Generation] = []
         for start in range(0, len(rows), self.max_batch_size):
             chunk = rows[start:start + self.max_batch_size]
-            out.extend(self._generate_rows([prompts[i] for i, _ in chunk], chunk, sampling))
+            seeds = [row_seed(requests[i], sampling, i, j) for i, j in chunk]
+            out.extend(self._generate_rows([prompts[i] for i, _ in chunk], chunk, seeds, sampling))
         return out
 
-    def _generate_rows(self, prompts: list[list[int]], keys: list[tuple[int, int]],
+    def _generate_rows(self, prompts: list[list[int]], keys: list[tuple[int, int]], seeds: list[int | None],
                        sampling: SamplingParams) -> list[Generation]:
         device = self.model.device
         if self.share_prefix:
@@ -114,8 +115,7 @@ class HFPolicy:
 
         n_rows = len(prompts)
         gens = [torch.Generator(device=device) for _ in range(n_rows)]
-        for r, (i, j) in enumerate(keys):
-            seed = sample_seed(sampling.seed, i, j)
+        for r, seed in enumerate(seeds):
             gens[r].manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         tokens: list[list[int]] = [[] for _ in range(n_rows)]
         logps: list[list[float]] = [[] for _ in range(n_rows)]

@@ -81,6 +81,10 @@ class Request:
     messages: Sequence[Mapping[str, Any]] | None = None
     tools: Sequence[Mapping[str, Any]] | None = None
     prompt_ids: Sequence[int] | None = None
+    task: Any = None
+    seed: int | None = None
+    """Overrides `SamplingParams.seed` for this request (its samples then do not depend on its index)."""
+    """The env's `Task`, for policies that read it (scripted experts); model backends ignore it."""
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt_ids is None):
@@ -101,7 +105,8 @@ class Generation:
     token_ids: list[int]
     """Every sampled id, including a final end-of-turn token; exactly what training should see."""
     logprobs: list[float]
-    """One per token id, by the convention in the module docstring."""
+    """One per token id, by the convention in the module docstring; empty when the policy cannot score
+    its text (scripted experts)."""
     finish_reason: FinishReason
     """"stop" (end-of-turn token or stop string) or "length" (max_new_tokens)."""
     prompt_tokens: int
@@ -124,6 +129,13 @@ class Policy(Protocol):
     """
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]: ...
+
+
+def row_seed(request: Request, sampling: SamplingParams, request_index: int, sample_index: int) -> int | None:
+    """The seed a backend uses for one (request, sample) row."""
+    if request.seed is not None:
+        return sample_seed(request.seed, 0, sample_index)
+    return sample_seed(sampling.seed, request_index, sample_index)
 
 
 def sample_seed(seed: int | None, request_index: int, sample_index: int) -> int | None:

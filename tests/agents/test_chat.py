@@ -1,0 +1,112 @@
+"""Turn-by-turn token recording: training sees exactly the ids that were sampled."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trace_gym.agents.chat import Conversation, encode, tokenize_episode
+from trace_gym.agents.hf import sequence_logprobs
+from trace_gym.agents.policy import Request, SamplingParams
+
+import trace_gym  # noqa: F401 - registers the trace/* ids
+
+
+@pytest.fixture(scope="module")
+def sampled_episode(nano_policy):
+    """Three turns of the nano model on a real env, recorded with `Conversation`: (conv, generations)."""
+    env = gym.make("trace/HotpotQA-v0", max_turns=3)
+    _, info = env.reset(seed=0)
+    conv = Conversation.start(nano_policy.tokenizer, info["messages"])
+    gens, seen = [], len(info["messages"])
+    for turn in range(3):
+        gen = nano_policy.generate([Request(prompt_ids=conv.ids)],
+                                   SamplingParams(max_new_tokens=24, min_new_tokens=4, seed=turn))[0]
+        gens.append(gen)
+        conv.add_action(gen.token_ids, gen.text, gen.logprobs)
+        _, _, terminated, truncated, info = env.step(gen.text)
+        if terminated or truncated:
+            break
+        conv.add_observation(info["messages"][seen + 1:])
+        seen = len(info["messages"])
+    return conv, gens
+
+
+def test_every_turn_prompt_is_a_prefix_and_sampled_ids_are_kept_verbatim(sampled_episode):
+    conv, gens = sampled_episode
+    actions = [s for s in conv.segments if s.kind == "action"]
+    assert len(actions) == len(gens) == 3
+    for seg, gen in zip(actions, gens):
+        assert conv.ids[:seg.start] == gen.prompt_ids
+        assert conv.ids[seg.start:seg.end] == gen.token_ids
+
+
+def test_one_forward_pass_over_the_episode_reproduces_the_behaviour_logprobs(sampled_episode, nano_policy):
+    conv, _ = sampled_episode
+    with torch.no_grad():
+        ref = sequence_logprobs(nano_policy.model, torch.tensor([conv.ids]))[0]
+    recorded = conv.action_logprobs()
+    positions = [i for i, lp in enumerate(recorded) if lp is not None]
+    assert positions == [i for i, m in enumerate(conv.action_mask()) if m]
+    torch.testing.assert_close(ref[[p - 1 for p in positions]], torch.tensor([recorded[p] for p in positions]),
+                               atol=1e-4, rtol=0)
+
+
+def test_observation_ids_are_the_template_rendering_of_the_tool_messages(sampled_episode, nano_policy):
+    conv, gens = sampled_episode
+    tok = nano_policy.tokenizer
+    obs = [s for s in conv.segments if s.kind == "observation"]
+    text = tok.decode(conv.ids[obs[0].start:obs[0].end])
+    tool = conv.messages[3]
+    closing = "" if gens[0].token_ids[-1] == tok.eos_token_id else "<|im_end|>"  # cut turns get closed
+    assert tool["role"] == "tool"
+    assert text == closing + f"\n<|im_start|>user\n<tool_response>\n{tool['content']}\n</tool_response><|im_end|>\n" \
+                   "<|im_start|>assistant\n"
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+
+
+@settings(max_examples=25, deadline=None)
+@given(user=_text, actions=st.lists(_text, min_size=1, max_size=3), observations=st.lists(_text, max_size=3))
+def test_recorded_expert_episode_equals_the_template_rendering(nano_policy, user, actions, observations):
+    tok = nano_policy.tokenizer
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": user}]
+    for i, act in enumerate(actions):
+        msgs.append({"role": "assistant", "content": act})
+        if i < len(observations):
+            msgs.append({"role": "tool", "content": observations[i]})
+    conv = tokenize_episode(tok, msgs)
+    full = tok.apply_chat_template(msgs, tokenize=False)
+    rendered = full.rstrip("\n") if msgs[-1]["role"] == "assistant" else full + "<|im_start|>assistant\n"
+    assert conv.ids == encode(tok, rendered)
+    assert conv.messages == msgs
+
+
+def test_action_mask_covers_exactly_the_assistant_turns(nano_policy):
+    tok = nano_policy.tokenizer
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<python>1</python>"},
+            {"role": "tool", "content": "1"}, {"role": "assistant", "content": "<answer>1</answer>"}]
+    conv = tokenize_episode(tok, msgs)
+    trained = [t for t, m in zip(conv.ids, conv.action_mask()) if m]
+    assert tok.decode(trained, skip_special_tokens=False) == "<python>1</python><|im_end|><answer>1</answer><|im_end|>"
+
+
+def test_copy_forks_a_conversation_independently(nano_policy):
+    conv = Conversation.start(nano_policy.tokenizer, [{"role": "user", "content": "q"}])
+    fork = conv.copy()
+    fork.add_action([5, 6, nano_policy.tokenizer.eos_token_id])
+    assert len(conv.ids) == conv.segments[-1].end and len(conv.messages) == 1
+    assert fork.ids[:len(conv.ids)] == conv.ids and len(fork.messages) == 2
+
+
+def test_turn_cut_by_stop_string_is_closed_by_the_observation(nano_policy):
+    tok = nano_policy.tokenizer
+    conv = Conversation.start(tok, [{"role": "user", "content": "q"}])
+    cut = encode(tok, "<python>1</python>")  # stopped on "</python>": no end-of-turn token sampled
+    conv.add_action(cut)
+    added = conv.add_observation([{"role": "tool", "content": "1"}])
+    assert tok.decode(added).startswith("<|im_end|>\n<|im_start|>user\n<tool_response>")
+    assert conv.ids[conv.segments[1].start:conv.segments[1].end] == cut
