@@ -12,7 +12,7 @@ import inspect
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonschema
@@ -71,6 +71,19 @@ def method_owners(instances: Mapping[str, Any]) -> dict[str, str]:
             if not method_name.startswith("_"):
                 owners[method_name] = class_name
     return owners
+
+
+def keyword_call(class_names: Sequence[str], call: Call) -> Call:
+    """`call` with positional arguments bound to parameter names by the owning backend method's signature."""
+    if not call.positional:
+        return call
+    for name in reversed(list(class_names)):  # a later class wins a name clash, as in method_owners
+        method = getattr(backend_class(name), call.name, None)
+        if callable(method) and not call.name.startswith("_"):
+            bound = inspect.signature(method).bind_partial(None, *call.positional, **call.arguments)
+            arguments = {k: v for k, v in bound.arguments.items() if k != "self"}
+            return Call(call.name, arguments)
+    return call
 
 
 def _jsonable(value: Any) -> Any:
