@@ -6,7 +6,8 @@ Deviations and choices where the paper is silent:
    target averaged over many leaves counts more than a single rollout's 0/1.
 2. The default predictor is a logistic regression on hashed text features (task id, prompt words and
    bigrams, the last turn's action and observation words, depth, error-turn counts, whether an answer was
-   given): cheap, needs no GPU, and learns per-prompt difficulty from the recurring task id.
+   given, and task id × depth × error count): cheap, needs no GPU, and learns per-prompt difficulty from
+   the recurring task id.
 3. Each ``fit`` call runs a fixed number of full-batch Adam steps from the current weights (online
    learning across training steps, no replay buffer).
 4. The hidden-state predictor is a LayerNorm + linear head on the policy's final hidden state at the
@@ -131,6 +132,7 @@ class FeaturePredictor:
         vals = dense
         groups = {
             "id": [prefix.task_id],
+            "x": [f"{prefix.task_id}:{prefix.depth}:{n_err}"],  # task × progress: memorises per-state values
             "d": [str(min(prefix.depth, 16))],
             "p": _ngrams(prefix.prompt[: self.max_chars]),
             "a": _ngrams(last_action[-self.max_chars:]),
