@@ -459,6 +459,8 @@ def _zygote_main(fd: int) -> None:
         namespace["np"] = namespace["numpy"]
     if "sympy" in namespace:
         namespace["sp"] = namespace["sympy"]
+    namespace["Fraction"] = namespace["fractions"].Fraction
+    namespace["Decimal"] = namespace["decimal"].Decimal
     for name in _WARM:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
