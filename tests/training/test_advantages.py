@@ -6,10 +6,13 @@ from trace_gym.training.advantages import (
     ADVANTAGE_METHODS,
     grpo_advantages,
     node_advantages,
+    tree_advantages,
     tree_grpo_advantages,
     tree_value_advantages,
 )
 from trace_gym.training.allocation import bottom_up_values
+
+from trace_gym.tree import RolloutTree
 
 # root -> a, b; a -> c (1), d (0); b leaf (1).  Leaf rewards (1, 0, 1): mean 2/3, std sqrt(2)/3.
 PARENTS = np.array([-1, 0, 0, 1, 1])
@@ -109,3 +112,14 @@ def test_unfinished_nodes_are_not_trained():
     # root -> a (unfinished, no leaf yet), b (leaf, 1)
     adv = grpo_advantages(np.array([-1, 0, 0]), np.array([0.0, 0.0, 1.0]), np.array([False, False, True]))
     assert np.isnan(adv[0]) and np.isnan(adv[1]) and np.isfinite(adv[2])
+
+
+def test_tree_advantages_maps_rolloutree_node_ids():
+    tree = RolloutTree("t", "prompt")
+    a = tree.add(0, "a", "o")
+    tree.add(0, "b", "o", reward=1.0, terminated=True)
+    tree.add(a.id, "c", "o", reward=1.0, terminated=True)
+    tree.add(a.id, "d", "o", reward=0.0, truncated=True)
+    adv = tree_advantages(tree, "grpo")
+    assert sorted(adv) == [1, 2, 3, 4]
+    assert adv == pytest.approx(dict(enumerate(grpo_advantages(PARENTS, REWARDS, LEAF)[1:], start=1)))
