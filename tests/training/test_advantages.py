@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from trace_gym.training.advantages import (
     ADVANTAGE_METHODS,
     grpo_advantages,
@@ -11,7 +12,6 @@ from trace_gym.training.advantages import (
     tree_value_advantages,
 )
 from trace_gym.training.allocation import bottom_up_values
-
 from trace_gym.tree import RolloutTree
 
 # root -> a, b; a -> c (1), d (0); b leaf (1).  Leaf rewards (1, 0, 1): mean 2/3, std sqrt(2)/3.

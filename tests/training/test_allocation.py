@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from trace_gym.errors import ConfigError
 from trace_gym.training.allocation import (
     bottom_up_values,
     prefix_utility,
@@ -11,8 +13,6 @@ from trace_gym.training.allocation import (
     solve_prefixes,
     solve_roots,
 )
-
-from trace_gym.errors import ConfigError
 
 probs = st.floats(0.0, 1.0, allow_nan=False)
 

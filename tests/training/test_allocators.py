@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from trace_gym.training.allocators import ALLOCATORS, StepBudget, expand_counts, make_allocator
 
 from trace_gym.errors import ConfigError
+from trace_gym.training.allocators import ALLOCATORS, StepBudget, expand_counts, make_allocator
 
 
 @pytest.mark.parametrize("name", ALLOCATORS)

@@ -2,9 +2,9 @@ import math
 
 import pytest
 import torch
-from trace_gym.training.loss import policy_loss
 
 from trace_gym.errors import ConfigError
+from trace_gym.training.loss import policy_loss
 
 
 def test_on_policy_loss_is_minus_token_mean_advantage():

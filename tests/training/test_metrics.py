@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from trace_gym.training.metrics import (
     brier,
     calibration_metrics,
@@ -8,7 +9,6 @@ from trace_gym.training.metrics import (
     reliability_bins,
     tree_metrics,
 )
-
 from trace_gym.tree import RolloutTree
 
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 import torch
-from trace_gym.training.predictor import FeaturePredictor, HiddenStatePredictor, Prefix, training_examples
 
 from trace_gym.errors import ConfigError
+from trace_gym.training.predictor import FeaturePredictor, HiddenStatePredictor, Prefix, training_examples
 from trace_gym.tree import RolloutTree
 
 

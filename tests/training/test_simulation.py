@@ -1,5 +1,8 @@
 import numpy as np
 import pytest
+
+from trace_gym.checker import check_trace_env
+from trace_gym.tasks import Task
 from trace_gym.training.allocators import ALLOCATORS, StepBudget, make_allocator
 from trace_gym.training.predictor import FeaturePredictor
 from trace_gym.training.simulation import (
@@ -13,9 +16,6 @@ from trace_gym.training.simulation import (
     true_value,
     value_at,
 )
-
-from trace_gym.checker import check_trace_env
-from trace_gym.tasks import Task
 
 
 def _task(p, need, horizon):
