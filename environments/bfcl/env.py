@@ -37,6 +37,7 @@ from trace_gym.environments.bfcl.data import (
     load_entries,
     split_ids,
 )
+from trace_gym.environments.bfcl.expert import BFCLExpert
 from trace_gym.environments.bfcl.schema import tool_schema
 
 from trace_gym.env import TextEnv, Turn
@@ -241,6 +242,10 @@ class BFCLMultiTurnEnv(TextEnv):
             info["tools"] = self.tool_schemas()
         return Turn(_user_content(user), info=info, messages=user)
 
+    def expert(self, noise: float = 0.0, seed: int = 0) -> BFCLExpert:
+        """The scripted ground-truth player for this env's tasks (trace_gym.experts.Expert protocol)."""
+        return BFCLExpert(noise=noise, seed=seed)
+
     def example_actions(self) -> list[str]:
         if self.task is None:
             return []
@@ -286,6 +291,10 @@ class BFCLSingleTurnEnv(TextEnv):
         if decoded.errors:
             info["error"] = "; ".join(e.error for e in decoded.errors)
         return Turn("", reward=float(verdict["valid"]), terminated=True, info=info, messages=[])
+
+    def expert(self, noise: float = 0.0, seed: int = 0) -> BFCLExpert:
+        """The scripted ground-truth player for this env's tasks (trace_gym.experts.Expert protocol)."""
+        return BFCLExpert(noise=noise, seed=seed)
 
     def example_actions(self) -> list[str]:
         return ["[]", "I cannot help with that."]

@@ -117,3 +117,17 @@ def test_irrelevance_rewards_no_call_and_penalises_a_call():
     env.reset(options={"index": 0})
     name = env.task.meta["function"][0]["name"]
     assert env.step(f"[{name}()]")[1] == 0.0
+
+
+def test_env_expert_follows_the_expert_protocol_and_solves_its_task():
+    from trace_gym.experts import Expert
+
+    env = BFCLMultiTurnEnv("multi_turn_long_context", split="test")
+    expert = env.expert(noise=0.0, seed=0)
+    assert isinstance(expert, Expert)
+    _, info = env.reset(seed=1)
+    done, reward = False, 0.0
+    while not done:
+        _, reward, terminated, truncated, info = env.step(expert.act(env.task, info["messages"]))
+        done = terminated or truncated
+    assert reward == 1.0
