@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[train,ray,bfcl,dev]'
-	$(PIP) install --quiet --no-deps bfcl-eval==2026.3.23
+	$(PIP) install --quiet --no-deps bfcl-eval==2026.3.23 mpmath
 	touch $(STAMP)
 
 lint: venv

@@ -9,11 +9,23 @@ import gymnasium as gym
 
 # id -> (entry point, constructor kwargs)
 _QA = "trace_gym.environments.qa:MultiHopQAEnv"
+_BFCL_MT = "trace_gym.environments.bfcl.env:BFCLMultiTurnEnv"
+_BFCL_ST = "trace_gym.environments.bfcl.env:BFCLSingleTurnEnv"
 ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "trace/HotpotQA-v0": (_QA, {"dataset": "hotpotqa"}),
     "trace/2Wiki-v0": (_QA, {"dataset": "2wiki"}),
     "trace/MuSiQue-v0": (_QA, {"dataset": "musique"}),
     "trace/Bamboogle-v0": (_QA, {"dataset": "bamboogle"}),
+    "trace/BFCL-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
+    "trace/BFCL-MultiTurn-Base-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
+    "trace/BFCL-MultiTurn-MissFunc-v0": (_BFCL_MT, {"category": "multi_turn_miss_func"}),
+    "trace/BFCL-MultiTurn-MissParam-v0": (_BFCL_MT, {"category": "multi_turn_miss_param"}),
+    "trace/BFCL-MultiTurn-LongContext-v0": (_BFCL_MT, {"category": "multi_turn_long_context"}),
+    "trace/BFCL-Simple-v0": (_BFCL_ST, {"category": "simple_python"}),
+    "trace/BFCL-Multiple-v0": (_BFCL_ST, {"category": "multiple"}),
+    "trace/BFCL-Parallel-v0": (_BFCL_ST, {"category": "parallel"}),
+    "trace/BFCL-ParallelMultiple-v0": (_BFCL_ST, {"category": "parallel_multiple"}),
+    "trace/BFCL-Irrelevance-v0": (_BFCL_ST, {"category": "irrelevance"}),
 }
 
 
