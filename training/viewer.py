@@ -1,7 +1,8 @@
 """Rollout trees as one self-contained HTML page (``trace-gym view trees.jsonl --out trees.html``).
 
-Input: JSONL files, one tree per line, either ``RolloutTree.to_dict()`` or ``{"step": N, "tree": {...}, ...}``
-(other top-level keys of the wrapper are shown as the tree's metadata). A directory stands for its ``*.jsonl``.
+Input: JSONL files, one tree per line: ``RolloutTree.to_dict()``, ``{"step": N, "tree": {...}, ...}`` or the
+dict with extra top-level keys beside ``task_id``/``nodes`` (``{"step": N, **tree.to_dict()}``); extra keys
+other than ``step`` are shown as the tree's metadata. A directory stands for the ``*.jsonl`` files under it.
 
 The page has no network dependency: the data, script and style are inlined, the tree is drawn as SVG by the
 page's own script, and every string is inserted as text (never as markup).
@@ -11,7 +12,8 @@ Node keys the viewer reads from ``node.meta`` (written by the trainer):
 - ``meta["alloc"]``: the allocation decision taken at this node, ``{"continuations": k, "utility": u,
   "stage": "prefix" | "root"}``; ``k`` continuations (stage "prefix") or ``k`` root rollouts (stage "root")
   were spent here, chosen by utility ``u``.
-Any other ``meta`` keys are listed in the side panel as they are.
+Older writers' keys are read as fallbacks: ``meta["value"]`` for ``predicted`` and ``meta["continuations"]`` for
+``alloc`` (stage "prefix", utility unknown). Any other ``meta`` keys are listed in the side panel as they are.
 
 A leaf counts as a success when its reward is at least 0.5 (rewards are binary by default). A node is coloured
 success / failure / mixed by the finished leaves under it, grey when none has finished.
@@ -78,12 +80,10 @@ def load_trees(paths: Iterable[str | Path]) -> list[TreeRecord]:
                     obj = json.loads(line)
                     if not isinstance(obj, dict):
                         raise TypeError(f"a JSON {type(obj).__name__}")
-                    if "tree" in obj and isinstance(obj["tree"], dict):
-                        extra = {k: v for k, v in obj.items() if k not in ("tree", "step")}
-                        step = obj.get("step")
-                        tree = RolloutTree.from_dict(obj["tree"])
-                    else:
-                        extra, step, tree = {}, None, RolloutTree.from_dict(obj)
+                    inner = obj["tree"] if isinstance(obj.get("tree"), dict) else obj
+                    extra = {k: v for k, v in obj.items() if k not in ("tree", "step", "task_id", "nodes")}
+                    step = obj.get("step")
+                    tree = RolloutTree.from_dict(inner)
                 except (ValueError, TypeError, KeyError) as e:
                     raise ConfigError(
                         f"expected a RolloutTree.to_dict() object (or {{'step': N, 'tree': {{...}}}}) on {where}, "
@@ -152,7 +152,11 @@ def _tree_data(record: TreeRecord, systems: dict[str, int]) -> dict[str, Any]:
         leaves = wins[node.id] + losses[node.id]
         info = {k: v for k, v in node.info.items() if k not in ("messages", "tools")}
         meta = dict(node.meta)
+        predicted = meta.pop("predicted", None)
+        predicted = meta.pop("value", None) if predicted is None else predicted
         alloc = meta.pop("alloc", None)
+        if alloc is None and isinstance(meta.get("continuations"), int):
+            alloc = {"continuations": meta.pop("continuations"), "utility": None, "stage": "prefix"}
         nodes.append({
             "id": node.id, "parent": node.parent, "depth": node.depth, "children": node.children,
             "action": node.action, "parts": split_action(node.action, tools) if node.action else None,
@@ -160,7 +164,7 @@ def _tree_data(record: TreeRecord, systems: dict[str, int]) -> dict[str, Any]:
             "terminated": node.terminated, "truncated": node.truncated,
             "wins": wins[node.id], "losses": losses[node.id],
             "value": reward_sum[node.id] / leaves if leaves else None,
-            "predicted": _finite(meta.pop("predicted", None)),
+            "predicted": _finite(predicted),
             "alloc": alloc if isinstance(alloc, dict) else None,
             "tokens": len(node.token_ids) if node.token_ids is not None else info.get("tokens"),
             "info": info, "meta": meta,

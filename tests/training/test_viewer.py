@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from trace_gym.errors import ConfigError
 from trace_gym.training.allocation import solve_prefixes, solve_roots
 from trace_gym.training.predictor import FeaturePredictor, Prefix, training_examples
 from trace_gym.training.viewer import TreeRecord, load_trees, page_data, render_html, split_action, write_viewer
-
-from trace_gym.errors import ConfigError
 from trace_gym.tree import RolloutTree
 from trace_gym.wrappers import TreeRolloutWrapper
 
