@@ -209,9 +209,19 @@ class BM25Index:
     def scores_for_tokens(self, tokens: Sequence[str]) -> np.ndarray:
         vocab = self._bm25.vocab_dict
         ids = [vocab[t] for t in tokens if t in vocab]
+        n = len(self.passages)
         if not ids:
-            return np.zeros(len(self.passages), dtype=np.float32)
-        return self._bm25.get_scores_from_ids(ids)
+            return np.zeros(n)
+        # Sum the query terms' columns of bm25s' precomputed sparse score matrix; one bincount is several
+        # times faster than bm25s' per-term np.add.at on small corpora.
+        m = self._bm25.scores
+        indptr, indices, data = m["indptr"], m["indices"], m["data"]
+        rows = np.concatenate([indices[indptr[i] : indptr[i + 1]] for i in ids])
+        weights = np.concatenate([data[indptr[i] : indptr[i + 1]] for i in ids])
+        scores = np.bincount(rows, weights=weights, minlength=n)
+        if self._bm25.nonoccurrence_array is not None:  # bm25l / bm25+ score absent terms too
+            scores += float(self._bm25.nonoccurrence_array[ids].sum())
+        return scores
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Top-`k` (passage index, score) with a positive score, best first, ties broken by corpus order."""
@@ -222,12 +232,18 @@ class BM25Index:
 
 
 def _top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
-    k = min(k, len(scores))
-    if k <= 0:
+    """Best `k` positive scores; equal scores in corpus order, also at the k-th place."""
+    cand = np.flatnonzero(scores > 0)
+    if k <= 0 or not len(cand):
         return []
-    top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-    top = top[np.lexsort((top, -scores[top]))]
-    return [(int(i), float(scores[i])) for i in top if scores[i] > 0]
+    vals = scores[cand]
+    if len(cand) > k:
+        kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+        better = cand[vals > kth]
+        cand = np.concatenate([better, cand[vals == kth][: k - len(better)]])
+        vals = scores[cand]
+    order = np.lexsort((cand, -vals))
+    return [(int(cand[i]), float(vals[i])) for i in order]
 
 
 _INDEXES: dict[str, BM25Index] = {}

@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+
 from trace_gym.environments.qa_data import (
     BUNDLED,
     bundled_corpus,
@@ -18,7 +19,6 @@ from trace_gym.environments.qa_data import (
     load_questions,
 )
 from trace_gym.environments.retrieval import Passage
-
 from trace_gym.errors import ConfigError, DataError
 
 EXPECTED = {

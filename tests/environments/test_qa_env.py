@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from trace_gym.checker import check_trace_env
 from trace_gym.environments.qa import MultiHopQAEnv
 from trace_gym.environments.qa_data import load_bundled
 from trace_gym.environments.qa_expert import QAExpert, format_action, issued_queries
 from trace_gym.environments.qa_metrics import exact_match, normalize_answer, score_answer, token_f1
-
-from trace_gym.checker import check_trace_env
 from trace_gym.errors import ConfigError
 
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
+
 from trace_gym.environments.qa_data import bundled_corpus, load_bundled
 from trace_gym.environments.retrieval import (
     BM25Index,
@@ -206,3 +207,12 @@ _TINY_ENGINE = SearchEngine(BM25Index.build([Passage("A", "alpha beta"), Passage
 def test_search_never_raises_and_returns_text(query: str) -> None:
     out = _TINY_ENGINE(query)
     assert isinstance(out, str) and out
+
+
+def test_top_k_breaks_ties_by_corpus_order_and_skips_zero_scores() -> None:
+    from trace_gym.environments.retrieval import _top_k
+
+    scores = np.array([1.0, 2.0, 0.0, 2.0, 2.0, 3.0])
+    assert _top_k(scores, 3) == [(5, 3.0), (1, 2.0), (3, 2.0)]
+    assert _top_k(scores, 10) == [(5, 3.0), (1, 2.0), (3, 2.0), (4, 2.0), (0, 1.0)]
+    assert _top_k(np.zeros(4), 2) == []
