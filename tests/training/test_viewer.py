@@ -324,3 +324,13 @@ def test_no_request_leaves_the_page(chrome, trees, trees_file, tmp_path):
     assert all(u.startswith(("file:", "data:")) for u in urls), urls
     errors = [e for e in chrome.events if e["method"] == "Runtime.exceptionThrown"]
     assert not errors
+
+
+def test_cli_view_writes_the_page(trees_file, tmp_path, capsys):
+    from trace_gym.cli import main as cli_main
+
+    out = tmp_path / "page.html"
+    assert cli_main(["view", str(trees_file), "--out", str(out), "--title", "my <trees>"]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert "<title>my &lt;trees&gt;</title>" in out.read_text(encoding="utf-8")
+    assert cli_main(["view", str(tmp_path / "missing.jsonl")]) == 1
