@@ -95,11 +95,6 @@ class MultiHopQAEnv(ToolEnv):
             raise ConfigError(f"expected action_format 'hermes' or 'tags', got {action_format!r}")
         if corpus not in ("dataset", "all"):
             raise ConfigError(f"expected corpus 'dataset' or 'all', got {corpus!r}")
-        if not BUNDLED[dataset] and data_path is None and not from_hub and tasks is None:
-            raise ConfigError(
-                f"expected data_path= (or from_hub=True) for {dataset!r}, got neither; fix: {dataset} ships no "
-                "offline copy: pass data_path= to a JSON/JSONL file of {Question, Answer} records"
-            )
         if split is not None and data_path is None and not from_hub and split not in BUNDLED[dataset]:
             raise ConfigError(f"expected a bundled split of {dataset} in {sorted(BUNDLED[dataset])}, got {split!r}")
         if top_k < 1:
@@ -129,7 +124,13 @@ class MultiHopQAEnv(ToolEnv):
 
     def load_tasks(self) -> Sequence[Task]:
         data = self._qa_data()
-        return data.tasks if data is not None else ()
+        if data is None:
+            # Raised at the first reset, not at construction, so listing the registered ids still works.
+            raise ConfigError(
+                f"expected data_path= (or from_hub=True) for {self.dataset!r}, got neither; fix: {self.dataset} "
+                "ships no offline copy: pass data_path= to a JSON/JSONL file of {Question, Answer} records"
+            )
+        return data.tasks
 
     def corpus_passages(self) -> tuple[Passage, ...]:
         """The passages the search tool indexes (see the module docstring for the choice)."""

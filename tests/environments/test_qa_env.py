@@ -233,9 +233,11 @@ def test_bamboogle_with_a_user_file_searches_the_pooled_corpus(cache: Path, tmp_
     assert reward == 1.0
 
 
-def test_bamboogle_without_data_is_a_config_error(cache: Path) -> None:
+def test_bamboogle_without_data_constructs_but_reset_says_how_to_fix(cache: Path) -> None:
+    env = make(cache, dataset="bamboogle")
+    assert [t.name for t in env.tools()] == ["search"]
     with pytest.raises(ConfigError, match="data_path"):
-        make(cache, dataset="bamboogle")
+        env.reset(seed=0)
 
 
 def test_user_corpus_replaces_the_bundled_one(cache: Path, tmp_path: Path) -> None:
