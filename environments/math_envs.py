@@ -17,12 +17,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from trace_gym.actions import ActionParser, HermesParser, TagParser
+from trace_gym.env import TextEnv, ToolEnv
 from trace_gym.environments.arithmetic import ArithmeticConfig, make_tasks
 from trace_gym.environments.math_answers import check_answer, format_gold, gsm8k_gold
 from trace_gym.environments.sandbox import PythonSandbox, SandboxLimits, SandboxSnapshot
-
-from trace_gym.actions import ActionParser, HermesParser, TagParser
-from trace_gym.env import TextEnv, ToolEnv
 from trace_gym.errors import ConfigError, DataError
 from trace_gym.snapshot import NativeSnapshot
 from trace_gym.tasks import Task
@@ -85,8 +84,8 @@ def load_math_tasks(dataset: str = "math500", data_path: str | Path | None = Non
     tasks, seen = [], set()
     for stem, recs in sources:
         for i, rec in enumerate(recs):
-            if isinstance(rec, Mapping) and rec.get("answer", 0) is None:
-                continue  # two MATH-train records have no extracted answer
+            if isinstance(rec, Mapping) and rec.get("answer", 0) in (None, ""):
+                continue  # a few MATH-train records have no extracted answer
             task = record_to_task(rec, f"{dataset}-{stem}-{i}")
             if task.id in seen:  # ids must be unique within the dataset
                 task = Task(f"{dataset}-{stem}-{i}", task.prompt, task.answer, task.meta)

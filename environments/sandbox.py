@@ -355,7 +355,7 @@ class _Runtime:
                 output = result.get("output")
                 _send(host, {"output": output if isinstance(output, str) else "",
                              "status": "error" if result.get("status") == "error" else "ok",
-                             "committed": True, "pid": pid})
+                             "committed": True, "pid": pid, "exiting": os.getpid()})
                 os._exit(0)  # the child holds the new state; it has the host channel
         timed_out = result is None and time.monotonic() >= deadline
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -476,9 +476,22 @@ def _zygote_main(fd: int) -> None:
 
 # --------------------------------------------------------------------------- host side
 def _kill(pid: int | None) -> None:
-    if pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    """SIGKILL ``pid`` and wait (briefly) until it is gone: callers count processes right after closing."""
+    if not pid:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    for _ in range(200):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return
+        if stat[stat.rfind(")") + 2 :].startswith(("Z", "X")):
+            return
+        time.sleep(0.001)
 
 
 class _Zygote:
@@ -673,7 +686,8 @@ class PythonSandbox:
         reply = _recv(self._sock, time.monotonic() + self.limits.timeout_s + 15.0)
         if reply is None or not isinstance(reply.get("pid"), int):
             return None
-        self._pids[:] = [reply["pid"]]  # after a commit, the cell's process is the worker
+        # After a commit the cell's process is the worker; the old one is exiting (close() makes sure of it).
+        self._pids[:] = [reply["pid"]] + [p for p in [reply.get("exiting")] if isinstance(p, int)]
         output = reply.get("output")
         output = output if isinstance(output, str) else ""
         if len(output) > self.limits.max_output_chars + 200:
@@ -707,6 +721,12 @@ class PythonSandbox:
         next cell, so a restore that is never followed by a cell costs no fork."""
         self.close()
         self.cells, self._source = list(snapshot.cells), snapshot
+
+
+def start_template(user: str | None = "nobody") -> int:
+    """Start this process's template (zygote) now rather than at the first cell; returns its pid. It lives
+    until this process exits: leak checks should take their baseline after calling this."""
+    return _Zygote.get(user).proc.pid
 
 
 def sandbox_processes() -> list[int]:

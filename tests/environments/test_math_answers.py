@@ -3,6 +3,7 @@
 import threading
 
 import pytest
+
 from trace_gym.environments.math_answers import check_answer, extract_answer, gsm8k_gold, last_boxed
 
 EQUIVALENT = [

@@ -5,6 +5,7 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from trace_gym.environments.sandbox import PythonSandbox, SandboxLimits, sandbox_processes
 
 FAST = SandboxLimits(timeout_s=3.0, cpu_s=3, max_output_chars=200)

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from trace_gym.environments.sandbox import PythonSandbox, SandboxLimits, sandbox_processes
 
 LIMITS = SandboxLimits(timeout_s=2.0, cpu_s=2, memory_bytes=1 << 30, max_output_chars=500)
