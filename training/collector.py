@@ -1,0 +1,243 @@
+"""Tree rollout collection: a `Policy` drives one `TreeRolloutWrapper` per prompt, all branches in lockstep.
+
+Two stage functions: `bare_rollouts({task_id: m})` starts m rollouts at each prompt's root and
+`continuations({(task_id, node_id): k})` starts k rollouts from a restored node. Every started rollout runs to
+a terminal node, and each turn of every active rollout goes into one batched `generate` call; env steps run
+in a thread pool, one job per tree (a wrapper holds one env state, so a tree's branches step in turn, each
+restoring its node first when the env is elsewhere). No turn is generated twice: a continuation begins with a
+new child of its node.
+
+Budget: every started rollout is one trajectory and ends in exactly one new leaf; generated tokens, env
+steps, tool calls and generate calls are counted beside.
+
+Token record (when a tokenizer is given): the root keeps `meta["prompt_ids"]` (the rendered prompt), every
+node keeps its sampled `token_ids`/`logprobs` and, when not terminal, `meta["obs_ids"]` (the template's
+rendering of what followed: observation messages and the next generation prompt). `context_ids(tree, node)`
+rebuilds exactly the ids its action was sampled after (agents/chat.py's `Conversation` rules).
+
+Choices:
+1. A branch whose next prompt would exceed `max_context` tokens is cut: its node becomes a leaf with
+   `truncated=True`, reward 0 and `info["stop_reason"] = "max_context"` (as `agents.rollout` does).
+2. The sampling seed of a turn depends on (step seed, rollout index within the stage call, turn), never on
+   batch composition, so runs repeat exactly with a fixed seed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from trace_gym.agents.chat import Conversation
+from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams, sample_seed
+
+from trace_gym.errors import ConfigError
+from trace_gym.tasks import Task
+from trace_gym.tree import RolloutTree
+from trace_gym.wrappers import TreeRolloutWrapper
+
+
+@dataclass
+class CollectStats:
+    """Work done by stage calls; `trajectories` is the budget unit."""
+
+    trajectories: int = 0
+    generated_tokens: int = 0
+    env_steps: int = 0
+    tool_calls: int = 0
+    generate_calls: int = 0
+    context_cuts: int = 0
+    generate_s: float = 0.0
+    env_s: float = 0.0
+
+    def __iadd__(self, other: CollectStats) -> CollectStats:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    def metrics(self, prefix: str = "rollout/") -> dict[str, float]:
+        return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class _Tree:
+    """One prompt's tree and the per-node state needed to continue from any of its nodes."""
+
+    wrapper: TreeRolloutWrapper
+    task: Task
+    messages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # env messages at each open node
+    convs: dict[int, Conversation] = field(default_factory=dict)  # token record at each open node
+
+
+@dataclass
+class _Branch:
+    task_id: str
+    node: int
+    index: int  # position in the stage call (seeds)
+    turn: int = 0
+    done: bool = False
+
+
+def context_ids(tree: RolloutTree, node_id: int) -> list[int]:
+    """The token ids that node `node_id`'s action was sampled after (prompt, earlier actions, observations)."""
+    path = tree.path(node_id)
+    ids = list(path[0].meta.get("prompt_ids", []))
+    for node in path[1:-1]:
+        ids.extend(node.token_ids or [])
+        ids.extend(node.meta.get("obs_ids", []))
+    return ids
+
+
+class TreeCollector:
+    """Collects one step's rollout trees. Call `begin_step()`, then the stage functions, then read `trees`.
+
+    `make_env` builds a fresh env (e.g. `lambda: gym.make("trace/Arithmetic-v0")`); the collector keeps a pool
+    of wrapped envs across steps. `tokenizer=None` plays on chat messages only (scripted experts); otherwise
+    prompts are the exact token record (see the module docstring).
+    """
+
+    def __init__(self, policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task],
+                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
+                 workers: int = 4, max_context: int = 4096):
+        if sampling.n != 1:
+            raise ConfigError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
+        self.policy, self.make_env, self.sampling, self.tokenizer = policy, make_env, sampling, tokenizer
+        self.snapshot_kind, self.max_context = snapshot_kind, max_context
+        self.tasks = {t.id: t for t in tasks}
+        self._pool: list[TreeRolloutWrapper] = []
+        self._trees: dict[str, _Tree] = {}
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trace-env")
+
+    @property
+    def trees(self) -> dict[str, RolloutTree]:
+        """This step's trees by task id (in the order the prompts were started)."""
+        return {tid: t.wrapper.tree for tid, t in self._trees.items() if t.wrapper.tree is not None}
+
+    def begin_step(self) -> None:
+        """Forget the previous step's trees (their envs return to the pool)."""
+        self._pool.extend(t.wrapper for t in self._trees.values())
+        self._trees.clear()
+
+    def close(self) -> None:
+        for w in [*self._pool, *(t.wrapper for t in self._trees.values())]:
+            w.close()
+        self._pool.clear()
+        self._trees.clear()
+        self._executor.shutdown(wait=True)
+
+    # ----------------------------------------------------------------- stages
+    def bare_rollouts(self, counts: Mapping[str, int], seed: int) -> CollectStats:
+        """Start `m` rollouts at the root of each task in `counts` (task id -> m); each prompt once per step."""
+        starts: list[tuple[str, int]] = []
+        new = [tid for tid, m in counts.items() if m > 0]
+        for tid in new:
+            if tid in self._trees:
+                raise ConfigError(f"expected each prompt once per step, got {tid!r} twice; fix: use continuations "
+                                  "(node 0) for more rollouts from a started prompt")
+            if tid not in self.tasks:
+                raise ConfigError(f"expected a task id of the training set, got {tid!r}")
+        for tid in new:
+            self._open_tree(tid)
+        for tid in new:
+            starts.extend([(tid, 0)] * int(counts[tid]))
+        return self._run(starts, seed)
+
+    def continuations(self, counts: Mapping[tuple[str, int], int], seed: int) -> CollectStats:
+        """Start `k` rollouts from each open node in `counts` ((task id, node id) -> k)."""
+        starts: list[tuple[str, int]] = []
+        for (tid, node_id), k in counts.items():
+            if k <= 0:
+                continue
+            state = self._trees.get(tid)
+            if state is None:
+                raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
+            if state.wrapper.tree[node_id].is_terminal:  # type: ignore[union-attr]
+                raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
+            starts.extend([(tid, int(node_id))] * int(k))
+        return self._run(starts, seed)
+
+    # ----------------------------------------------------------------- internals
+    def _open_tree(self, task_id: str) -> None:
+        wrapper = self._pool.pop() if self._pool else TreeRolloutWrapper(self.make_env(), self.snapshot_kind)
+        task = self.tasks[task_id]
+        _, info = wrapper.reset(options={"task": task})
+        state = _Tree(wrapper, task, {0: list(info["messages"])})
+        if self.tokenizer is not None:
+            conv = Conversation.start(self.tokenizer, info["messages"])
+            state.convs[0] = conv
+            wrapper.tree.root.meta["prompt_ids"] = list(conv.ids)  # type: ignore[union-attr]
+        self._trees[task_id] = state
+
+    def _request(self, b: _Branch, seed: int) -> Request:
+        state = self._trees[b.task_id]
+        rseed = sample_seed(seed, b.index, b.turn)
+        if self.tokenizer is not None:
+            return Request(prompt_ids=state.convs[b.node].ids, task=state.task, seed=rseed)
+        return Request(messages=state.messages[b.node], task=state.task, seed=rseed)
+
+    def _run(self, starts: list[tuple[str, int]], seed: int) -> CollectStats:
+        stats = CollectStats(trajectories=len(starts))
+        active = [_Branch(tid, node, i) for i, (tid, node) in enumerate(starts)]
+        while active:
+            t0 = time.perf_counter()
+            gens = self.policy.generate([self._request(b, seed) for b in active], self.sampling)
+            stats.generate_s += time.perf_counter() - t0
+            stats.generate_calls += 1
+            if len(gens) != len(active):
+                raise ConfigError(f"expected one generation per request from the policy, got {len(gens)} for "
+                                  f"{len(active)}; fix: the policy must follow the Policy contract")
+            by_tree: dict[str, list[tuple[_Branch, Generation]]] = {}
+            for b, g in zip(active, gens):
+                by_tree.setdefault(b.task_id, []).append((b, g))
+            t0 = time.perf_counter()
+            for part in self._executor.map(self._step_tree, by_tree.values()):
+                stats += part
+            stats.env_s += time.perf_counter() - t0
+            active = [b for b in active if not b.done]
+        return stats
+
+    def _step_tree(self, items: list[tuple[_Branch, Generation]]) -> CollectStats:
+        stats = CollectStats()
+        for b, g in items:
+            self._step(b, g, stats)
+        return stats
+
+    def _step(self, b: _Branch, g: Generation, stats: CollectStats) -> None:
+        state = self._trees[b.task_id]
+        w = state.wrapper
+        if w.node_id != b.node:
+            w.branch(b.node)
+        obs, _, terminated, truncated, info = w.step(g.text)
+        node = w.tree[info["node_id"]]  # type: ignore[index]
+        ids = [int(t) for t in g.token_ids]
+        if not ids and self.tokenizer is not None:  # a policy that reports no ids: record the turn as ended
+            ids = [int(self.tokenizer.eos_token_id)]
+        node.token_ids = ids
+        node.logprobs = [float(x) for x in g.logprobs] if g.logprobs else None
+        node.meta.update(finish_reason=g.finish_reason, prompt_tokens=g.prompt_tokens)
+        stats.env_steps += 1
+        stats.generated_tokens += len(g.token_ids)
+        stats.tool_calls += int(info.get("tool_calls", 0) or 0)
+        b.turn += 1
+        if terminated or truncated:
+            b.done = True
+            return
+        parent_messages = state.messages[b.node]
+        messages = list(info["messages"])
+        state.messages[node.id] = messages
+        if self.tokenizer is not None:
+            conv = state.convs[b.node].copy()
+            conv.add_action(ids, g.text, g.logprobs or None)
+            new = messages[len(parent_messages) + 1:] or [{"role": "tool", "content": obs}]
+            node.meta["obs_ids"] = conv.add_observation(new)
+            state.convs[node.id] = conv
+            if len(conv.ids) + self.sampling.max_new_tokens > self.max_context:
+                node.truncated = True
+                node.info["stop_reason"] = "max_context"
+                stats.context_cuts += 1
+                b.done = True
+                return
+        b.node = node.id

@@ -1,0 +1,392 @@
+"""Typed training configs: one dataclass per concern, validated on construction, loaded from YAML with
+``key=value`` overrides (dotted keys, values parsed as YAML: ``optim.lr=1e-4 alloc.allocator=grpo``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from trace_gym.errors import ConfigError
+
+from .advantages import ADVANTAGE_METHODS
+from .allocators import ALLOCATORS
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train and where its weights come from."""
+
+    path: str = "runs/model"
+    """A local model directory (the tiny model, a Qwen3 checkpoint, ...)."""
+    init_size: Literal["nano", "tiny"] | None = None
+    """Build the embedded tiny model of this size at `path` when `path` does not exist (null: it must)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Generation backend: transformers in-process (shares the trained weights) or a vLLM engine."""
+    device: str = "auto"
+    """"auto" (cuda when available), "cpu" or "cuda[:i]"."""
+    bf16: bool = False
+    """Train under bfloat16 autocast (GPU only; weights and optimiser stay fp32)."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the policy update (large models)."""
+    vllm_gpu_memory_utilization: float = 0.45
+    """Share of GPU memory vLLM may take when it shares the GPU with the trainer."""
+    max_batch_size: int = 64
+    """Rows per forward in the transformers generation backend."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "expected model.path to name a model directory, got ''; fix: model.path=runs/model")
+        _check(self.init_size in (None, "nano", "tiny"),
+               f"expected model.init_size in (null, nano, tiny), got {self.init_size!r}; fix: model.init_size=tiny")
+        _check(self.backend in ("hf", "vllm"), f"expected model.backend 'hf' or 'vllm', got {self.backend!r}")
+        _check(self.device == "auto" or self.device.startswith(("cpu", "cuda")),
+               f"expected model.device 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}; fix: model.device=auto")
+        _check(0 < self.vllm_gpu_memory_utilization <= 1, "expected 0 < model.vllm_gpu_memory_utilization <= 1, "
+               f"got {self.vllm_gpu_memory_utilization}; fix: model.vllm_gpu_memory_utilization=0.45")
+        _check(self.max_batch_size >= 1, f"expected model.max_batch_size >= 1, got {self.max_batch_size}")
+
+
+@dataclass
+class SFTConfig:
+    """Warm start by supervised fine-tuning on scripted-expert episodes when the model has no SFT yet."""
+
+    enabled: bool = False
+    """Run SFT first unless `output` already holds a model."""
+    output: str = "runs/model-sft"
+    """Directory of the warm-started model; RL then starts from it."""
+    episodes: int = 2000
+    """Expert episodes to imitate."""
+    steps: int = 400
+    """Optimiser steps."""
+    batch_size: int = 32
+    """Episodes per step."""
+    lr: float = 2e-3
+    """AdamW learning rate."""
+    noise: float = 0.0
+    """Expert noise (0 = always correct)."""
+
+    def __post_init__(self) -> None:
+        _check(self.episodes >= 1 and self.steps >= 1 and self.batch_size >= 1,
+               f"expected sft.episodes, sft.steps, sft.batch_size >= 1, got {self.episodes}, {self.steps}, "
+               f"{self.batch_size}")
+        _check(self.lr > 0, f"expected sft.lr > 0, got {self.lr}; fix: sft.lr=2e-3")
+        _check(0 <= self.noise <= 1, f"expected 0 <= sft.noise <= 1, got {self.noise}")
+
+
+@dataclass
+class EnvConfig:
+    """The environment and how rollouts use it."""
+
+    id: str = "trace/Arithmetic-v0"
+    """A registered gymnasium id (`trace-gym envs` lists them)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor keyword arguments of the training env (e.g. split: train)."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Overrides of `kwargs` for the held-out evaluation env (e.g. split: test)."""
+    snapshot: Literal["native", "replay"] = "native"
+    """How tree nodes are snapshotted for branching."""
+    workers: int = 4
+    """Threads stepping envs in parallel."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.id), "expected env.id, got ''; fix: env.id=trace/Arithmetic-v0")
+        _check(self.snapshot in ("native", "replay"),
+               f"expected env.snapshot 'native' or 'replay', got {self.snapshot!r}; fix: env.snapshot=native")
+        _check(self.workers >= 1, f"expected env.workers >= 1, got {self.workers}; fix: env.workers=4")
+        _check(isinstance(self.kwargs, dict) and isinstance(self.eval_kwargs, dict),
+               "expected env.kwargs and env.eval_kwargs as mappings; fix: env.kwargs={split: train}")
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling during training rollouts."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0: RL needs exploration)."""
+    top_p: float = 1.0
+    """Nucleus mass; 1 keeps the logprobs of the full distribution."""
+    max_new_tokens: int = 256
+    """Tokens per turn."""
+    max_context: int = 4096
+    """A branch stops (truncated, reward 0) when its prompt plus `max_new_tokens` would exceed this."""
+
+    def __post_init__(self) -> None:
+        _check(self.temperature > 0, f"expected rollout.temperature > 0, got {self.temperature}; "
+               "fix: rollout.temperature=1.0")
+        _check(0 < self.top_p <= 1, f"expected 0 < rollout.top_p <= 1, got {self.top_p}")
+        _check(self.max_new_tokens >= 1, f"expected rollout.max_new_tokens >= 1, got {self.max_new_tokens}")
+        _check(self.max_context > self.max_new_tokens,
+               f"expected rollout.max_context > max_new_tokens, got {self.max_context} <= {self.max_new_tokens}; "
+               "fix: raise rollout.max_context")
+
+
+@dataclass
+class AllocConfig:
+    """The budget per step and who spends it (TRACE or a baseline)."""
+
+    allocator: str = "trace"
+    """One of training.allocators.ALLOCATORS: trace, grpo, pcl, treepo, the four stage combos, oracle."""
+    roots: int = 64
+    """M: bare rollouts per step (single-stage allocators spend M·(1+N) as bare rollouts)."""
+    multiplier: int = 1
+    """N: continuations per bare rollout."""
+    pool_size: int = 64
+    """Candidate prompts drawn per step (larger than the batch so allocation has a choice)."""
+    group_size: int = 8
+    """G: rollouts per prompt for uniform and pcl roots."""
+    cap: int = 16
+    """Most rollouts per prompt for active roots."""
+
+    def __post_init__(self) -> None:
+        _check(self.allocator in ALLOCATORS, f"expected alloc.allocator in {ALLOCATORS}, got {self.allocator!r}; "
+               "fix: alloc.allocator=trace")
+        _check(self.allocator != "oracle", "expected an allocator other than 'oracle' for training (it needs true "
+               "success probabilities, which only the simulation env has); fix: alloc.allocator=trace")
+        _check(self.roots >= 2, f"expected alloc.roots >= 2, got {self.roots}; fix: alloc.roots=64")
+        _check(self.multiplier >= 0, f"expected alloc.multiplier >= 0, got {self.multiplier}")
+        _check(self.group_size >= 2 and self.cap >= 2,
+               f"expected alloc.group_size and alloc.cap >= 2, got {self.group_size}, {self.cap}")
+        _check(self.pool_size * self.cap >= self.roots,
+               f"expected alloc.pool_size·cap >= roots, got {self.pool_size}·{self.cap} < {self.roots}; "
+               "fix: raise alloc.pool_size or alloc.cap")
+        total = self.roots * (1 + self.multiplier)
+        needed = max(1, total // self.group_size)
+        _check(self.pool_size >= needed, f"expected alloc.pool_size >= {needed} (= M·(1+N) // group_size prompts), "
+               f"got {self.pool_size}; fix: alloc.pool_size={needed} or raise alloc.group_size")
+
+
+@dataclass
+class PredictorConfig:
+    """The prefix success predictor (allocation only; never in the loss)."""
+
+    kind: Literal["features", "hidden"] = "features"
+    """Hashed-text logistic model, or a head on the policy's hidden state."""
+    lr: float = 0.05
+    """Learning rate of its fit."""
+    steps: int = 60
+    """Optimiser steps per training step."""
+
+    def __post_init__(self) -> None:
+        _check(self.kind in ("features", "hidden"),
+               f"expected predictor.kind 'features' or 'hidden', got {self.kind!r}; fix: predictor.kind=features")
+        _check(self.lr > 0 and self.steps >= 0, f"expected predictor.lr > 0, steps >= 0, got {self.lr}, {self.steps}")
+
+
+@dataclass
+class OptimConfig:
+    """The policy update."""
+
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    mini_batch: int = 64
+    """Trained nodes per optimiser step."""
+    micro_batch: int = 8
+    """Trained nodes per forward/backward (gradient accumulation up to `mini_batch`)."""
+    epochs: int = 1
+    """Passes over each step's nodes."""
+    advantage: str = "tree_grpo"
+    """Advantage estimator: grpo, tree_grpo or tree_value."""
+    clip_low: float = 0.2
+    """PPO clip below 1."""
+    clip_high: float = 0.28
+    """PPO clip above 1 (DAPO clip-higher)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the initial policy (0: no reference model is kept)."""
+    skip_zero_advantage: bool = True
+    """Leave nodes with zero advantage out of the update (they add no gradient, only compute)."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # type: ignore[assignment]  # YAML gives a list
+        _check(self.lr > 0, f"expected optim.lr > 0, got {self.lr}; fix: optim.lr=1e-6")
+        _check(self.weight_decay >= 0 and self.grad_clip >= 0,
+               f"expected optim.weight_decay, grad_clip >= 0, got {self.weight_decay}, {self.grad_clip}")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+               f"expected optim.betas as two numbers in [0, 1), got {self.betas}; fix: optim.betas=[0.9,0.999]")
+        _check(self.mini_batch >= 1 and 1 <= self.micro_batch <= self.mini_batch,
+               f"expected 1 <= optim.micro_batch <= mini_batch, got {self.micro_batch}, {self.mini_batch}; "
+               "fix: optim.micro_batch=8")
+        _check(self.epochs >= 1, f"expected optim.epochs >= 1, got {self.epochs}")
+        _check(self.advantage in ADVANTAGE_METHODS,
+               f"expected optim.advantage in {ADVANTAGE_METHODS}, got {self.advantage!r}; "
+               "fix: optim.advantage=tree_grpo")
+        _check(0 < self.clip_low < 1 and self.clip_high > 0,
+               f"expected 0 < optim.clip_low < 1 and clip_high > 0, got {self.clip_low}, {self.clip_high}")
+        _check(self.kl_coef >= 0, f"expected optim.kl_coef >= 0, got {self.kl_coef}")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: mean success over `samples` samples of `tasks` prompts."""
+
+    every: int = 10
+    """Evaluate every this many steps (and before the first and after the last; 0: only those two)."""
+    tasks: int = 64
+    """Held-out prompts (the first ones of the eval split)."""
+    samples: int = 1
+    """Samples per prompt."""
+    temperature: float = 0.0
+    """0 = greedy."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, f"expected eval.every >= 0, got {self.every}")
+        _check(self.tasks >= 0 and self.samples >= 1,
+               f"expected eval.tasks >= 0 and eval.samples >= 1, got {self.tasks}, {self.samples}")
+        _check(self.temperature >= 0, f"expected eval.temperature >= 0, got {self.temperature}")
+
+
+@dataclass
+class CheckpointConfig:
+    """When to save (model, optimiser, predictor, RNG states, data position)."""
+
+    every: int = 50
+    """Save every this many steps (and at the end; 0: only at the end)."""
+    keep: int = 2
+    """Most recent checkpoints kept."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0 and self.keep >= 1,
+               f"expected checkpoint.every >= 0 and keep >= 1, got {self.every}, {self.keep}")
+
+
+@dataclass
+class LogConfig:
+    """Where metrics go: metrics.jsonl always; TensorBoard or W&B when asked and installed."""
+
+    tensorboard: bool = False
+    """Also write TensorBoard events (needs `tensorboard`)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `wandb`)."""
+    wandb_project: str = "trace-gym"
+    """W&B project."""
+    progress: bool = True
+    """Rich progress bar on the terminal."""
+    save_trees: bool = False
+    """Write every step's trees to trees.jsonl in the run folder."""
+
+
+@dataclass
+class TrainConfig:
+    """The whole run."""
+
+    run_dir: str = "runs/run"
+    """Output folder: config, metrics, checkpoints, summary."""
+    seed: int = 0
+    """Seeds data order, sampling and allocation; a fixed seed on CPU makes runs exactly repeatable."""
+    steps: int = 100
+    """Training steps."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    alloc: AllocConfig = field(default_factory=AllocConfig)
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, f"expected steps >= 0, got {self.steps}")
+        _check(bool(self.run_dir), "expected run_dir, got ''; fix: run_dir=runs/my-run")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        return _build(cls, data, "")
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"expected a mapping at {where or 'the top level'}, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key {where}{unknown[0]!r}; fix: use one of {sorted(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        sub = _nested_type(cls, name)
+        kwargs[name] = _build(sub, value or {}, f"{where}{name}.") if sub is not None else _coerce(
+            cls, name, value, where)
+    return cls(**kwargs)
+
+
+def _nested_type(cls: type, name: str) -> type | None:
+    default = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if default.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        made = default.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(made):
+            return type(made)
+    return None
+
+
+def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
+    """YAML gives ints for floats (``lr: 1``) and strings for '1e-4' without a dot; fix both by the default."""
+    default = next(f for f in dataclasses.fields(cls) if f.name == name).default
+    if isinstance(default, bool) or default is None or default is dataclasses.MISSING:
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"expected {where}{name} true or false, got {value!r}")
+        return value
+    if isinstance(default, float) and isinstance(value, int | str) and not isinstance(value, bool):
+        try:
+            out = float(value)
+        except ValueError:
+            raise ConfigError(f"expected {where}{name} as a number, got {value!r}") from None
+        if not math.isfinite(out):
+            raise ConfigError(f"expected a finite {where}{name}, got {value!r}")
+        return out
+    if isinstance(default, int) and not isinstance(value, int):
+        raise ConfigError(f"expected {where}{name} as an integer, got {value!r}; fix: {where}{name}={default}")
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings (value parsed as YAML) to a nested dict, in place; returns it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"expected an override as key=value, got {item!r}; fix: e.g. optim.lr=1e-4")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"expected {part!r} in {key!r} to be a section, got a value; fix: check the key")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return data
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config (or start from defaults when `path` is None) and apply ``key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"expected a config file, got {str(p)!r} (not found); fix: see configs/*.yaml")
+        loaded = yaml.safe_load(p.read_text())
+        data = loaded if isinstance(loaded, dict) else {}
+    return TrainConfig.from_dict(apply_overrides(data, overrides))
+
+
+def dump_config(cfg: TrainConfig, path: str | Path) -> None:
+    data = cfg.to_dict()
+    data["optim"]["betas"] = list(data["optim"]["betas"])
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
