@@ -138,11 +138,10 @@ class MultiHopQAEnv(ToolEnv):
             return _user_corpus(self.corpus_path, _stamp(self.corpus_path))
         data = self._qa_data() if self.data_path is not None or self.from_hub else None
         own = data.passages if data is not None else ()
-        if self.corpus == "all" or not BUNDLED[self.dataset]:
+        if self.corpus == "all":
             return tuple(dedupe([*own, *bundled_corpus("all")]))
-        if own:
-            return own
-        return bundled_corpus(self.dataset)
+        # Question-only sets (Bamboogle, the dev500 lists) search the pool of every bundled set.
+        return own or bundled_corpus(self.dataset) or bundled_corpus("all")
 
     @property
     def engine(self) -> SearchEngine:

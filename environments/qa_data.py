@@ -67,7 +67,7 @@ BUNDLED: dict[str, dict[str, tuple[str, str, str]]] = {
         "train": ("musique", "train_100.json", "musique"),
         "dev500": ("musique", "dev_500_r1searcher.jsonl", "questions"),
     },
-    "bamboogle": {},
+    "bamboogle": {"test": ("bamboogle", "bamboogle_125.jsonl", "questions")},
 }
 # Extra corpus files pooled into a dataset's bundled corpus (beyond its splits' own paragraphs).
 _BUNDLED_CORPORA: dict[str, tuple[tuple[str, str], ...]] = {
@@ -334,4 +334,4 @@ def load_qa(
             f"expected data_path= or from_hub=True for {dataset}, got neither; fix: Bamboogle is not bundled "
             "(no offline copy): pass data_path= to a JSON/JSONL file of {Question, Answer} records"
         )
-    return load_bundled(dataset, split or "train")
+    return load_bundled(dataset, split or next(iter(BUNDLED[dataset])))

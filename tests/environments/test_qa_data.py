@@ -29,6 +29,7 @@ EXPECTED = {
     ("2wiki", "dev500"): 500,
     ("musique", "train"): 100,
     ("musique", "dev500"): 500,
+    ("bamboogle", "test"): 125,
 }
 
 
@@ -154,9 +155,9 @@ def test_load_qa_detects_the_layout_of_a_user_file(tmp_path) -> None:
     assert load_qa("musique", data_path=_write(tmp_path / "q.json", rows, False)).passages == ()
 
 
-def test_bamboogle_needs_a_file_or_the_hub() -> None:
-    with pytest.raises(ConfigError, match="data_path"):
-        load_qa("bamboogle")
+def test_bamboogle_defaults_to_its_bundled_125_questions() -> None:
+    data = load_qa("bamboogle")
+    assert len(data.tasks) == 125 and data.passages == ()
 
 
 def test_unknown_dataset_and_split_are_config_errors() -> None:

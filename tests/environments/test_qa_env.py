@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from trace_gym.checker import check_trace_env
 from trace_gym.environments.qa import MultiHopQAEnv
-from trace_gym.environments.qa_data import load_bundled
+from trace_gym.environments.qa_data import bundled_corpus, load_bundled
 from trace_gym.environments.qa_expert import QAExpert, format_action, issued_queries
 from trace_gym.environments.qa_metrics import exact_match, normalize_answer, score_answer, token_f1
 from trace_gym.errors import ConfigError
@@ -233,11 +233,10 @@ def test_bamboogle_with_a_user_file_searches_the_pooled_corpus(cache: Path, tmp_
     assert reward == 1.0
 
 
-def test_bamboogle_without_data_constructs_but_reset_says_how_to_fix(cache: Path) -> None:
+def test_bamboogle_searches_the_pooled_corpus_of_the_bundled_sets(cache: Path) -> None:
     env = make(cache, dataset="bamboogle")
-    assert [t.name for t in env.tools()] == ["search"]
-    with pytest.raises(ConfigError, match="data_path"):
-        env.reset(seed=0)
+    env.reset(seed=0)
+    assert set(env.corpus_passages()) == set(bundled_corpus("all"))
 
 
 def test_user_corpus_replaces_the_bundled_one(cache: Path, tmp_path: Path) -> None:
