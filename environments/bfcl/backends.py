@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonschema
+
 from trace_gym.environments.bfcl.calls import Call
 from trace_gym.environments.bfcl.data import FUNC_DOC_FILES
 from trace_gym.environments.bfcl.schema import parameters_schema

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trace_gym.env import TextEnv, Turn
 from trace_gym.environments.bfcl import backends, checker
 from trace_gym.environments.bfcl.calls import Call, Decoded, decode, parse_ground_truth_call, to_python_call
 from trace_gym.environments.bfcl.data import (
@@ -39,8 +40,6 @@ from trace_gym.environments.bfcl.data import (
 )
 from trace_gym.environments.bfcl.expert import BFCLExpert
 from trace_gym.environments.bfcl.schema import tool_schema
-
-from trace_gym.env import TextEnv, Turn
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
 

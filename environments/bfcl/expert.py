@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+
 from trace_gym.environments.bfcl.backends import keyword_call
 from trace_gym.environments.bfcl.calls import Call, parse_ground_truth_call, to_hermes, to_python_call
-
 from trace_gym.tasks import Task
 
 Corruption = Literal["drop", "reorder", "perturb"]
