@@ -302,7 +302,13 @@ class _Runtime:
 
     def _fork(self) -> int:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a cell may have tampered with it
-        return os.fork()
+        import random
+
+        state = random.getstate()
+        pid = os.fork()
+        if pid == 0:
+            random.setstate(state)  # `random` reseeds after fork; forks must continue the same stream
+        return pid
 
     def serve(self, sock: socket.socket) -> None:
         while True:
