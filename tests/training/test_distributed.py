@@ -1,0 +1,141 @@
+"""The data-parallel update (2 gloo processes: DDP, FSDP2, LoRA under FSDP2) equals the single-process update
+on the same rows; merged LoRA weights reproduce the adapter; gradient checkpointing does not change the step."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from trace_gym.training.distributed import (  # noqa: E402
+    LoraSettings,
+    UpdateBatch,
+    full_state_dict,
+    policy_update,
+    prepare_model,
+    spawn,
+    token_logprobs,
+)
+
+LORA = LoraSettings(r=4, alpha=8)
+SCENARIOS = {"ddp": ("ddp", None), "fsdp": ("fsdp", None), "lora_fsdp": ("fsdp", LORA)}
+ROWS, MICRO = 5, 2  # ranks get 3 and 2 rows: 2 micro-batches each, the second rank's last one is padding
+
+
+def tiny_model(seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, intermediate_size=128, vocab_size=300)
+    return Qwen3ForCausalLM(config)
+
+
+def make_batch(seed: int = 0) -> UpdateBatch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 300, (ROWS, 12), generator=g)
+    attention = torch.ones_like(ids)
+    attention[1, 9:] = 0  # right padding
+    attention[3, :2] = 0  # left padding
+    loss_mask = (torch.rand(ids.shape, generator=g) < 0.6).long() * attention
+    loss_mask[:, 0] = 0
+    with torch.no_grad():
+        old = token_logprobs(tiny_model(), ids, attention) + 0.1 * torch.randn(ids.shape, generator=g)
+    advantages = torch.randn(ROWS, generator=g)
+    return UpdateBatch(ids, attention, loss_mask, old, advantages)
+
+
+def train_once(model, batch: UpdateBatch, strategy: str = "single", lora: LoraSettings | None = None,
+               checkpointing: bool = False):
+    torch.manual_seed(1)  # LoRA's A init
+    model = prepare_model(model, strategy, lora=lora, gradient_checkpointing=checkpointing)
+    # SGD: the weight change is the (clipped) gradient itself; Adam's first step g/|g| would turn last-bit
+    # differences of near-zero gradients into full-size steps.
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    stats = policy_update(model, optimizer, batch, micro_batch=MICRO, clip_low=0.2, clip_high=0.28, grad_clip=1.0)
+    return model, stats
+
+
+def _ranks(rank: int, world_size: int, out: str) -> None:
+    results = {}
+    batch = make_batch()
+    for name, (strategy, lora) in SCENARIOS.items():
+        model, stats = train_once(tiny_model(), batch.shard(rank, world_size), strategy, lora)
+        results[name] = (full_state_dict(model), stats)
+    if rank == 0:
+        torch.save(results, out)
+
+
+@pytest.fixture(scope="module")
+def distributed(tmp_path_factory) -> dict:
+    out = Path(tmp_path_factory.mktemp("dist")) / "results.pt"
+    spawn(_ranks, 2, str(out), backend="gloo")
+    return torch.load(out)
+
+
+@functools.cache
+def _single(lora: LoraSettings | None = None, checkpointing: bool = False):
+    model, stats = train_once(tiny_model(), make_batch(), lora=lora, checkpointing=checkpointing)
+    return model, full_state_dict(model), stats
+
+
+def _assert_same_update(got: dict, want: dict) -> None:
+    initial = tiny_model().state_dict()
+    assert got.keys() == want.keys()
+    moved = max(float((want[k] - initial[k]).abs().max()) for k in want)
+    assert moved > 1e-2  # the step did something, so equality below is not vacuous
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=1e-4, msg=key)
+
+
+@pytest.mark.parametrize("scenario", ["ddp", "fsdp"])
+def test_data_parallel_update_equals_single_process(distributed, scenario):
+    state, _ = distributed[scenario]
+    _assert_same_update(state, _single()[1])
+
+
+def test_data_parallel_stats_equal_single_process(distributed):
+    _, stats = distributed["fsdp"]
+    _, _, want = _single()
+    for key in ("loss/total", "loss/tokens", "loss/clip_frac", "loss/ratio_mean", "loss/grad_norm"):
+        assert stats[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+
+
+def test_lora_under_fsdp_equals_single_process_lora(distributed):
+    state, _ = distributed["lora_fsdp"]
+    _assert_same_update(state, _single(lora=LORA)[1])
+
+
+def test_merged_lora_weights_reproduce_the_adapter():
+    peft_model, merged, _ = _single(lora=LORA)
+    plain = tiny_model()
+    assert set(merged) == set(plain.state_dict())
+    plain.load_state_dict(merged)
+    batch = make_batch()
+    with torch.no_grad():
+        want = token_logprobs(peft_model.eval(), batch.input_ids, batch.attention_mask)
+        got = token_logprobs(plain.eval(), batch.input_ids, batch.attention_mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
+                           tiny_model().state_dict()["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    _, want, _ = _single()
+    _, got, _ = _single(checkpointing=True)
+    _assert_same_update(got, want)
+
+
+def test_micro_batching_gives_the_same_update_as_one_pass():
+    model = tiny_model()
+    batch = make_batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    torch.manual_seed(1)
+    policy_update(model, optimizer, batch, micro_batch=ROWS, clip_low=0.2, clip_high=0.28, grad_clip=1.0)
+    _assert_same_update(copy.deepcopy(model.state_dict()), _single()[1])
