@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+
 from trace_gym.agents.chat import Conversation
 from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams, sample_seed
-
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree

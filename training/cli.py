@@ -1,0 +1,106 @@
+"""`trace-gym train` and `trace-gym eval` (the dispatcher in trace_gym/cli.py calls these two functions).
+
+    trace-gym train --config configs/quickstart.yaml [key=value ...] [--resume RUN_DIR]
+    trace-gym eval  --config configs/quickstart.yaml [key=value ...] [--checkpoint RUN_DIR|CKPT_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from trace_gym.errors import ConfigError
+
+from .config import TrainConfig, load_config
+
+
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    """Add the options of `command` ("train" or "eval") to `parser`."""
+    if command not in ("train", "eval"):
+        raise ConfigError(f"expected command 'train' or 'eval', got {command!r}")
+    parser.add_argument("--config", help="YAML config (configs/*.yaml); with --resume, defaults to the run's own")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides parsed as YAML, e.g. optim.lr=1e-4 alloc.allocator=grpo")
+    if command == "train":
+        parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    else:
+        parser.add_argument("--checkpoint", metavar="DIR",
+                            help="evaluate this run's last checkpoint (RUN_DIR) or one checkpoint folder")
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    path = args.config
+    resume = getattr(args, "resume", None)
+    if path is None and resume is not None:
+        path = str(Path(resume) / "config.yaml")
+    if path is None:
+        raise ConfigError("expected --config FILE, got none; fix: trace-gym train --config configs/quickstart.yaml")
+    overrides = list(args.overrides or [])
+    if resume is not None and not any(o.startswith("run_dir=") for o in overrides):
+        overrides.append(f"run_dir={resume}")
+    return load_config(path, overrides)
+
+
+def run(command: str, args: argparse.Namespace) -> int:
+    """Run `command`; returns the process exit code."""
+    from rich.console import Console
+
+    console = Console()
+    cfg = _config(args)
+    if command == "train":
+        return _train(cfg, args.resume, console)
+    if command == "eval":
+        return _eval(cfg, args, console)
+    raise ConfigError(f"expected command 'train' or 'eval', got {command!r}")
+
+
+def _train(cfg: TrainConfig, resume: str | None, console: Any) -> int:
+    from .trainer import Trainer
+
+    trainer = Trainer(cfg, resume=resume, console=console if cfg.log.progress else None)
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    print_summary(summary, console)
+    return 0
+
+
+def _eval(cfg: TrainConfig, args: argparse.Namespace, console: Any) -> int:
+    from .evaluate import evaluate_config
+
+    result = evaluate_config(cfg, args.checkpoint)
+    if args.json:
+        console.print_json(json.dumps(result))
+    else:
+        console.print(f"{result['env']}  model {result['model']}  success {result['success']:.3f} "
+                      f"over {result['episodes']} episodes ({result['tasks']} prompts x {result['samples']})")
+    return 0
+
+
+def print_summary(summary: dict[str, Any], console: Any) -> None:
+    """The final table of a training run."""
+    from rich.table import Table
+
+    def fmt(x: Any) -> str:
+        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    table = Table(title=f"trace-gym train: {summary['run_dir']}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("allocator", summary["allocator"]), ("steps", summary["steps"]),
+        ("held-out success before", summary["success_before"]), ("held-out success after", summary["success_after"]),
+        ("effective ratio (first step)", summary["effective_ratio_first"]),
+        ("effective ratio (last step)", summary["effective_ratio_last"]),
+        ("effective ratio (mean)", summary["effective_ratio_mean"]),
+        ("budget: trajectories / step", summary["trajectories_per_step"]),
+        ("budget: trajectories, total", summary["trajectories"]),
+        ("generated tokens", summary["generated_tokens"]), ("wall time (s)", summary["wall_s"]),
+    ]
+    for name, value in rows:
+        table.add_row(name, fmt(value))
+    console.print(table)

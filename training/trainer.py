@@ -1,0 +1,542 @@
+"""The TRACE training step as a short driver of named stages (DESIGN.md §5):
+
+allocate roots -> bare rollouts -> plan and run continuations -> calibrate and fit the predictor ->
+advantages -> policy update -> weight sync -> metrics. Every stage is a function with explicit inputs and
+outputs; `Trainer` only holds the state between steps (model, optimiser, predictor, data position).
+
+Choices where the paper is silent:
+1. Each step draws `pool_size` candidate prompts in a seeded per-epoch shuffled order; prompts the allocator
+   leaves out are not revisited this epoch (the data position advances by the pool).
+2. Open prefixes are the non-terminal nodes of depth >= 1 after the bare rollouts; each lies on exactly one
+   bare rollout, whose reward is its r. A prompt with none sends its continuation budget to the root.
+3. Nodes with zero advantage are left out of the update by default (`optim.skip_zero_advantage`): they add
+   no policy gradient, and the token-level normaliser counts only the trained nodes' tokens.
+4. All randomness of a step (sampling seeds, uniform allocators, mini-batch order) derives from (seed, step),
+   so a resumed run repeats an uninterrupted one exactly on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from trace_gym.agents.policy import SamplingParams, sample_seed
+from trace_gym.errors import ConfigError
+from trace_gym.tasks import Task
+from trace_gym.tree import RolloutTree
+
+from .advantages import tree_advantages
+from .allocators import Allocator, StepBudget, expand_counts, make_allocator
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .collector import CollectStats, TreeCollector, context_ids
+from .config import TrainConfig, dump_config
+from .evaluate import evaluate_policy
+from .logging import MetricsLogger
+from .loss import policy_loss
+from .metrics import calibration_metrics, tree_metrics
+from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix, training_examples
+
+
+# --------------------------------------------------------------------------------------------- stages
+def allocate_roots(allocator: Allocator, predictor: Predictor, pool: Sequence[Task], budget: StepBudget,
+                   rng: np.random.Generator) -> tuple[dict[str, int], dict[str, float]]:
+    """Stage 1: {task id: m_i} over the candidate pool, and alloc/ metrics."""
+    if allocator.needs_root_values:
+        values = predictor.predict([Prefix(t.id, t.prompt) for t in pool])
+    else:
+        values = np.full(len(pool), 0.5)
+    chosen = allocator.allocate_roots(values, allocator.root_budget(budget), rng)
+    counts = {pool[i].id: m for i, m in sorted(chosen.items())}
+    picked = np.array([values[i] for i in sorted(chosen)]) if chosen else np.zeros(0)
+    return counts, {"alloc/pool": float(len(pool)), "alloc/prompts": float(len(counts)),
+                    "alloc/roots": float(sum(counts.values())),
+                    "alloc/pool_value_mean": float(np.mean(values)) if len(values) else float("nan"),
+                    "alloc/chosen_value_mean": float(picked.mean()) if len(picked) else float("nan")}
+
+
+def open_prefixes(tree: RolloutTree) -> list[int]:
+    """Non-terminal nodes of depth >= 1 (after bare rollouts: each lies on one rollout)."""
+    return [n.id for n in tree.nodes if n.depth >= 1 and not n.is_terminal]
+
+
+def plan_continuations(allocator: Allocator, predictor: Predictor, trees: Mapping[str, RolloutTree],
+                       roots: Mapping[str, int], budget: StepBudget,
+                       rng: np.random.Generator) -> tuple[dict[tuple[str, int], int], dict[str, float]]:
+    """Stage 2: {(task id, node id): k} spending prefix_budget(m_i) per prompt, and alloc/ metrics."""
+    plan: dict[tuple[str, int], int] = {}
+    extra = 0
+    for tid, tree in trees.items():
+        b = allocator.prefix_budget(roots[tid], budget)
+        if b == 0:
+            continue
+        nodes = open_prefixes(tree)
+        rewards = np.clip([tree.value(n) or 0.0 for n in nodes], 0.0, 1.0)
+        if allocator.needs_prefix_values and nodes:
+            values = predictor.predict([Prefix.from_tree(tree, n) for n in nodes])
+        else:
+            values = np.full(len(nodes), 0.5)
+        counts, root_extra = expand_counts(allocator, np.asarray(rewards, float), values, b, rng)
+        for n, v, k in zip(nodes, values, counts):
+            tree[n].meta["value"] = float(v)
+            if k:
+                plan[(tid, n)] = int(k)
+                tree[n].meta["continuations"] = int(k)
+        if root_extra:
+            plan[(tid, 0)] = plan.get((tid, 0), 0) + root_extra
+            extra += root_extra
+    return plan, {"alloc/continuations": float(sum(plan.values())), "alloc/root_extra": float(extra),
+                  "alloc/branch_points": float(len(plan))}
+
+
+def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree]) -> dict[str, Any]:
+    """Targets V̂ of the fresh trees; calibration of the current predictor on them, then one fit."""
+    prefixes, targets, weights = training_examples(trees)
+    if not prefixes:
+        return {"predictor/examples": 0.0}
+    out: dict[str, Any] = calibration_metrics(predictor.predict(prefixes), targets, weights)
+    out.update(predictor.fit(prefixes, targets, weights))
+    return out
+
+
+@dataclass
+class Sample:
+    """One trained node: its action ids after its own prefix, behaviour logprobs, one advantage."""
+
+    context: list[int]
+    action: list[int]
+    logprobs: list[float]
+    advantage: float
+
+
+def build_samples(trees: Sequence[RolloutTree], method: str, skip_zero: bool = True) -> list[Sample]:
+    """One sample per trained node with recorded tokens and logprobs (each node once, deviation 3)."""
+    out = []
+    for tree in trees:
+        for node_id, adv in tree_advantages(tree, method).items():  # type: ignore[arg-type]
+            node = tree[node_id]
+            node.meta["advantage"] = adv
+            if not node.token_ids or not node.logprobs or (skip_zero and abs(adv) < 1e-8):
+                continue
+            out.append(Sample(context_ids(tree, node_id), list(node.token_ids), list(node.logprobs), adv))
+    return out
+
+
+def _pad(samples: Sequence[Sample], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Right-padded (B, T) ids, attention, action mask, behaviour logprobs; (B,) advantages."""
+    width = max(len(s.context) + len(s.action) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros((len(samples), width))
+    old = torch.zeros((len(samples), width))
+    for r, s in enumerate(samples):
+        c, a = len(s.context), len(s.action)
+        ids[r, :c + a] = torch.tensor(s.context + s.action)
+        att[r, :c + a] = 1
+        mask[r, c:c + a] = 1.0
+        old[r, c:c + a] = torch.tensor(s.logprobs)
+    adv = torch.tensor([s.advantage for s in samples])
+    return ids.to(device), att.to(device), mask.to(device), old.to(device), adv.to(device)
+
+
+def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B, T) ids -> (B, T-1) log p(ids[:, 1:]) by the Policy logprob convention (logits / T)."""
+    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
+                  cfg: Any, temperature: float, pad_id: int, seed: int, bf16: bool = False,
+                  ref_model: torch.nn.Module | None = None) -> dict[str, float]:
+    """Mini-batches of `cfg.mini_batch` nodes, gradient accumulation over `cfg.micro_batch`, clipped AdamW
+    steps; the loss is training.loss.policy_loss, normalised over each mini-batch's action tokens."""
+    if not samples:
+        return {"loss/nodes": 0.0, "loss/optimizer_steps": 0.0}
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[str, float] = {}
+    n_stats, steps, norms = 0, 0, []
+    model.train()
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(samples), generator=gen).tolist()
+        for start in range(0, len(order), cfg.mini_batch):
+            mini = [samples[i] for i in order[start:start + cfg.mini_batch]]
+            num_tokens = float(sum(len(s.action) for s in mini))
+            optimizer.zero_grad(set_to_none=True)
+            for m0 in range(0, len(mini), cfg.micro_batch):
+                ids, att, mask, old, adv = _pad(mini[m0:m0 + cfg.micro_batch], pad_id, device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
+                    logp = token_logprobs(model, ids, att, temperature)
+                    ref = None
+                    if ref_model is not None:
+                        with torch.no_grad():
+                            ref = token_logprobs(ref_model, ids, att, temperature)
+                loss, stats = policy_loss(logp, old[:, 1:], adv, mask[:, 1:], cfg.clip_low, cfg.clip_high,
+                                          ref, cfg.kl_coef, num_tokens=num_tokens)
+                loss.backward()
+                w = float(mask.sum())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + (v if k in ("loss/total", "loss/tokens") else v * w)
+                n_stats += w
+            clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+            optimizer.step()
+            steps += 1
+    model.eval()
+    out = {k: (v if k in ("loss/total", "loss/tokens") else v / max(n_stats, 1.0)) for k, v in sums.items()}
+    out["loss/total"] = sums.get("loss/total", 0.0) / max(steps, 1)
+    out.update({"loss/nodes": float(len(samples)), "loss/optimizer_steps": float(steps),
+                "loss/grad_norm": float(np.mean(norms)) if norms else 0.0,
+                "loss/advantage_abs_mean": float(np.mean([abs(s.advantage) for s in samples]))})
+    return out
+
+
+def sync_weights(policy: Any, model: torch.nn.Module) -> None:
+    """Push the trained weights to the generation backend (nothing to do when it generates with `model`)."""
+    if getattr(policy, "model", None) is model:
+        return
+    update = getattr(policy, "update_weights", None)
+    if update is None:
+        raise ConfigError(f"expected a policy with update_weights(state_dict), got {type(policy).__name__}; "
+                          "fix: use model.backend=hf or a backend that accepts new weights")
+    update(model.state_dict())
+
+
+# --------------------------------------------------------------------------------------------- data
+class TaskStream:
+    """Training prompts in a seeded shuffled order per epoch; `position` is all the state there is."""
+
+    def __init__(self, tasks: Sequence[Task], seed: int, position: int = 0):
+        if not tasks:
+            raise ConfigError("expected a non-empty training set, got none; fix: check env.kwargs")
+        self.tasks, self.seed, self.position = list(tasks), seed, position
+        self._epoch, self._order = -1, np.zeros(0, dtype=np.int64)
+
+    def take(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.tasks))
+            if epoch != self._epoch:
+                self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+            out.append(self.tasks[int(self._order[i])])
+            self.position += 1
+        return out
+
+
+# --------------------------------------------------------------------------------------------- setup
+def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any = None) -> str:
+    """The model folder RL starts from: builds the tiny model when asked and absent, then runs SFT on
+    scripted-expert episodes when asked and `sft.output` holds no model yet."""
+    base = Path(cfg.model.path)
+    if not (base / "config.json").is_file():
+        if cfg.model.init_size is None:
+            raise ConfigError(f"expected a model folder at model.path={str(base)!r}, got none; fix: point "
+                              "model.path at a local model or set model.init_size=tiny to build the tiny model")
+        from trace_gym.agents.tiny import build_tiny_model
+
+        _say(console, f"building the {cfg.model.init_size} model at {base}")
+        build_tiny_model(base, size=cfg.model.init_size, seed=cfg.seed)
+    if not cfg.sft.enabled:
+        return str(base)
+    out = Path(cfg.sft.output)
+    if (out / "config.json").is_file():
+        return str(out)
+    from trace_gym.agents.sft import SFTConfig, collect_expert_episodes, sft
+
+    _say(console, f"warm start: SFT on {cfg.sft.episodes} scripted-expert episodes -> {out}")
+    data = collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed)
+    sft(base, data, out, SFTConfig(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+                                   seed=cfg.seed), progress=console is not None)
+    return str(out)
+
+
+def _say(console: Any, text: str) -> None:
+    if console is not None:
+        console.print(text)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_env_factory(env_id: str, kwargs: Mapping[str, Any]) -> Callable[[], gym.Env]:
+    import trace_gym  # noqa: F401 - registers the trace/* ids
+
+    if ":" in env_id and "/" not in env_id.split(":", 1)[1]:  # an entry point "module:Class" (unregistered env)
+        spec = gym.envs.registration.EnvSpec(id=env_id.split(":", 1)[1] + "-v0", entry_point=env_id)
+        return lambda: gym.make(spec, **dict(kwargs))
+    if env_id not in gym.registry and not (":" in env_id and env_id.split(":", 1)[1] in gym.registry):
+        raise ConfigError(f"expected a registered env id, got {env_id!r}; fix: one of "
+                          f"{sorted(k for k in gym.registry if k.startswith('trace/'))}")
+    return lambda: gym.make(env_id, **dict(kwargs))
+
+
+def dataset_of(make_env: Callable[[], gym.Env]) -> list[Task]:
+    env = make_env()
+    try:
+        return list(env.unwrapped.tasks)  # type: ignore[attr-defined]
+    finally:
+        env.close()
+
+
+def make_policy(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, model_path: str) -> Any:
+    """The generation backend: transformers on the trained model itself, or a vLLM engine."""
+    if cfg.model.backend == "hf":
+        from trace_gym.agents.hf import HFPolicy
+
+        return HFPolicy(model, tokenizer, max_batch_size=cfg.model.max_batch_size)
+    try:
+        from trace_gym.agents.vllm import VLLMPolicy  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise ConfigError(f"expected the vLLM backend (trace_gym.agents.vllm and the vllm package), got "
+                          f"ImportError: {exc}; fix: pip install 'trace-gym[vllm]' or model.backend=hf") from None
+    return VLLMPolicy.from_pretrained(model_path, gpu_memory_utilization=cfg.model.vllm_gpu_memory_utilization)
+
+
+def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 1024) -> Callable[..., torch.Tensor]:
+    """Final hidden state at the last token of a plain rendering of each prefix (HiddenStatePredictor)."""
+
+    def fn(prefixes: Sequence[Prefix]) -> torch.Tensor:
+        device = next(model.parameters()).device
+        rows = []
+        for p in prefixes:
+            text = "\n".join([p.prompt, *(f"{a}\n{o}" for a, o in p.turns)])
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][-max_tokens:] or [tokenizer.pad_token_id]
+            out = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
+            rows.append(out.hidden_states[-1][0, -1].float().cpu())
+        return torch.stack(rows)
+
+    return fn
+
+
+class Trainer:
+    """Holds what lives across steps; `step()` runs the stages once, `train()` runs the loop."""
+
+    def __init__(self, cfg: TrainConfig, resume: str | Path | None = None, console: Any = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg, self.console = cfg, console
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.device = resolve_device(cfg.model.device)
+        torch.manual_seed(cfg.seed)
+        self.make_env = make_env_factory(cfg.env.id, cfg.env.kwargs)
+        self.make_eval_env = make_env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
+        state = None
+        ckpt = latest_checkpoint(resume) if resume is not None else None
+        if resume is not None and ckpt is None:
+            raise ConfigError(f"expected a run folder with checkpoints to resume, got {str(resume)!r}; "
+                              "fix: pass the run_dir of a run that saved a checkpoint")
+        if ckpt is not None:
+            state = load_checkpoint(ckpt)
+            model_path = str(ckpt / "model")
+        else:
+            model_path = warm_start(cfg, self.make_env, console)
+        self.model_path = model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.ref_model = None
+        if cfg.optim.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                           weight_decay=cfg.optim.weight_decay)
+        self.policy = make_policy(cfg, self.model, self.tokenizer, model_path)
+        self.predictor: Predictor = (
+            FeaturePredictor(lr=cfg.predictor.lr, steps=cfg.predictor.steps) if cfg.predictor.kind == "features"
+            else HiddenStatePredictor(hidden_state_fn(self.model, self.tokenizer), self.model.config.hidden_size,
+                                      lr=cfg.predictor.lr, steps=cfg.predictor.steps, seed=cfg.seed))
+        self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
+        self.budget = StepBudget(cfg.alloc.roots, cfg.alloc.multiplier)
+        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                       max_new_tokens=cfg.rollout.max_new_tokens)
+        self.stream = TaskStream(dataset_of(self.make_env), cfg.seed)
+        self.collector = TreeCollector(self.policy, self.make_env, self.stream.tasks, self.sampling, self.tokenizer,
+                                       cfg.env.snapshot, cfg.env.workers, cfg.rollout.max_context)
+        self.step_count = 0
+        self.history: dict[str, Any] = {"eval": [], "effective_ratio": [], "trajectories": 0, "tokens": 0}
+        if state is not None:
+            self._load_state(state)
+        dump_config(cfg, self.run_dir / "config.yaml")
+        self.logger = MetricsLogger(self.run_dir, cfg.log, cfg.to_dict(), truncate_after=self.step_count)
+
+    # ----------------------------------------------------------------- one step
+    def step(self) -> dict[str, Any]:
+        """Allocate, roll out, expand, fit the predictor, compute advantages, update, sync; returns metrics."""
+        cfg, step = self.cfg, self.step_count + 1
+        rng = np.random.default_rng([cfg.seed, step])
+        timer = _Timer()
+        metrics: dict[str, Any] = {}
+
+        with timer("allocate"):
+            pool = self.stream.take(cfg.alloc.pool_size)
+            roots, m = allocate_roots(self.allocator, self.predictor, pool, self.budget, rng)
+            metrics.update(m)
+        self.collector.begin_step()
+        stats = CollectStats()
+        with timer("rollout"):
+            stats += self.collector.bare_rollouts(roots, seed=sample_seed(cfg.seed, step, 0))
+        with timer("expand"):
+            plan, m = plan_continuations(self.allocator, self.predictor, self.collector.trees, roots, self.budget,
+                                         rng)
+            metrics.update(m)
+            stats += self.collector.continuations(plan, seed=sample_seed(cfg.seed, step, 1))
+        trees = list(self.collector.trees.values())
+        metrics.update(stats.metrics("rollout/"))
+        metrics["alloc/budget"] = float(stats.trajectories)
+        metrics.update(tree_metrics(trees, cfg.optim.advantage))  # type: ignore[arg-type]
+        with timer("predictor"):
+            metrics.update(fit_predictor(self.predictor, trees))
+        with timer("update"):
+            samples = build_samples(trees, cfg.optim.advantage, cfg.optim.skip_zero_advantage)
+            metrics.update(policy_update(self.model, self.optimizer, samples, cfg.optim,
+                                         self.sampling.logprob_temperature, self.tokenizer.pad_token_id,
+                                         seed=sample_seed(cfg.seed, step, 2) or 0, bf16=cfg.model.bf16,
+                                         ref_model=self.ref_model))
+        with timer("sync"):
+            sync_weights(self.policy, self.model)
+        self.step_count = step
+        if cfg.log.save_trees:
+            with open(self.run_dir / "trees.jsonl", "a") as f:
+                f.writelines(json.dumps({"step": step, **t.to_dict()}) + "\n" for t in trees)
+        if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
+            with timer("eval"):
+                metrics.update(self.evaluate())
+        metrics.update(timer.metrics())
+        metrics["data/position"] = float(self.stream.position)
+        self.history["effective_ratio"].append(metrics.get("alloc/effective_ratio", float("nan")))
+        self.history["trajectories"] += stats.trajectories
+        self.history["tokens"] += stats.generated_tokens
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean success over `eval.samples` samples of the first `eval.tasks` held-out prompts."""
+        cfg = self.cfg
+        if cfg.eval.tasks == 0:
+            return {}
+        out = evaluate_policy(self.policy, self.make_eval_env, dataset_of(self.make_eval_env)[:cfg.eval.tasks],
+                              cfg.eval.samples, cfg.eval.temperature, cfg.rollout.max_new_tokens, cfg.seed,
+                              self.tokenizer, cfg.rollout.max_context)
+        self.history["eval"].append((self.step_count, out["eval/success"]))
+        return out
+
+    # ----------------------------------------------------------------- the loop
+    def train(self) -> dict[str, Any]:
+        """Run up to `cfg.steps` steps with evaluation, checkpoints and progress; returns the summary."""
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        if self.step_count == 0 and cfg.eval.tasks:
+            first = self.evaluate()
+            self.logger.log(0, first)
+        with _Progress(cfg.log.progress and self.console is not None, cfg.steps, self.step_count,
+                       self.console) as bar:
+            while self.step_count < cfg.steps:
+                metrics = self.step()
+                last = self.step_count == cfg.steps
+                if last and cfg.eval.tasks:
+                    metrics.update(self.evaluate())
+                self.logger.log(self.step_count, metrics)
+                if last or (cfg.checkpoint.every and self.step_count % cfg.checkpoint.every == 0):
+                    save_checkpoint(self.run_dir, self.step_count, self.model, self.tokenizer, self.optimizer,
+                                    self.predictor, self._state(), keep=cfg.checkpoint.keep)
+                bar(metrics)
+        summary = self.summary(time.perf_counter() - t_start)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        ev = self.history["eval"]
+        ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
+        return {
+            "run_dir": str(self.run_dir), "steps": self.step_count, "allocator": self.cfg.alloc.allocator,
+            "success_before": ev[0][1] if ev else None, "success_after": ev[-1][1] if ev else None,
+            "eval": ev, "effective_ratio_mean": float(np.mean(ratios)) if ratios else None,
+            "effective_ratio_first": ratios[0] if ratios else None,
+            "effective_ratio_last": ratios[-1] if ratios else None,
+            "trajectories_per_step": self.budget.total, "trajectories": self.history["trajectories"],
+            "generated_tokens": self.history["tokens"], "wall_s": wall_s,
+        }
+
+    def close(self) -> None:
+        self.collector.close()
+        self.logger.close()
+
+    # ----------------------------------------------------------------- checkpoint state
+    def _state(self) -> dict[str, Any]:
+        return {"step": self.step_count, "data_position": self.stream.position, "history": self.history}
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.predictor.load_state_dict(state["predictor"])
+        self.step_count = int(state["trainer"]["step"])
+        self.stream.position = int(state["trainer"]["data_position"])
+        self.history = state["trainer"]["history"]
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+
+
+class _Timer:
+    """`with timer("stage"):` accumulates time/<stage>_s."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.t0 = time.perf_counter()
+
+    def __call__(self, name: str) -> _Timer:
+        self._name, self._start = name, time.perf_counter()
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.times[self._name] = self.times.get(self._name, 0.0) + time.perf_counter() - self._start
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"time/{k}_s": v for k, v in self.times.items()}
+        out["time/step_s"] = time.perf_counter() - self.t0
+        return out
+
+
+class _Progress:
+    """A rich progress bar over steps showing a few headline metrics, or nothing."""
+
+    KEYS = (("rollout/success", "succ"), ("alloc/effective_ratio", "eff"), ("eval/success", "eval"))
+
+    def __init__(self, enabled: bool, total: int, done: int, console: Any):
+        self.enabled, self.total, self.done, self.console = enabled, total, done, console
+        self.shown: dict[str, float] = {}
+
+    def __enter__(self) -> Callable[[Mapping[str, Any]], None]:
+        if not self.enabled:
+            return lambda metrics: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                            TimeRemainingColumn(), console=self.console)
+        self.bar.start()
+        self.task = self.bar.add_task("train", total=self.total, completed=self.done, info="")
+        return self._advance
+
+    def _advance(self, metrics: Mapping[str, Any]) -> None:
+        for key, short in self.KEYS:
+            if key in metrics and isinstance(metrics[key], float) and not math.isnan(metrics[key]):
+                self.shown[short] = metrics[key]
+        info = "  ".join(f"{k} {v:.3f}" for k, v in self.shown.items())
+        self.bar.update(self.task, advance=1, info=info)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()
