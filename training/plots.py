@@ -31,6 +31,7 @@ from typing import Any
 import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from trace_gym.errors import ConfigError
 
@@ -145,7 +146,7 @@ def _reliability(ax: Axes, runs: Sequence[Run], colours: Sequence[Any]) -> None:
         name = "" if len(runs) == 1 else f"{run.label}: "
         step, last = per_step[-1]
         total = sum(w for _, _, w in last)
-        ax.scatter([p for p, _, _ in last], [t for _, t, _ in last], s=[20 + 300 * w / total for _, _, w in last],
+        ax.scatter([p for p, _, _ in last], [t for _, t, _ in last], s=[15 + 150 * w / total for _, _, w in last],
                    color=colour, alpha=0.8, label=f"{name}step {step} (size = weight)", zorder=3)
         ax.plot([p for p, _, _ in last], [t for _, t, _ in last], "-", color=colour, alpha=0.6)
         if len(per_step) > 1:
@@ -164,11 +165,11 @@ def _reliability(ax: Axes, runs: Sequence[Run], colours: Sequence[Any]) -> None:
     ax.set_ylim(0, 1)
     ax.set_xlabel("predicted Ṽ")
     ax.set_ylabel("mean target V̂")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
 
 
-def _stacked(keys: Sequence[tuple[str, str]], kind: str) -> PanelFn:
-    """Stacked bars (``kind`` "bar") or areas ("area") of the keys for one run; lines per key for several."""
+def _stacked(keys: Sequence[tuple[str, str]]) -> PanelFn:
+    """Stacked bars of the keys per step for one run; a line per key and run for several."""
 
     def draw(ax: Axes, runs: Sequence[Run], colours: Sequence[Any]) -> None:
         present = [(k, t) for k, t in keys if any(run.series(k)[0] for run in runs)]
@@ -187,11 +188,7 @@ def _stacked(keys: Sequence[tuple[str, str]], kind: str) -> PanelFn:
         for key, text in present:
             lookup = dict(zip(*run.series(key)))
             ys = [lookup.get(s, 0.0) for s in steps]
-            if kind == "bar":
-                ax.bar(steps, ys, bottom=bottom, label=text, width=0.8)
-            else:
-                ax.fill_between(steps, bottom, [b + y for b, y in zip(bottom, ys)], label=text, alpha=0.8,
-                                step="mid")
+            ax.bar(steps, ys, bottom=bottom, label=text, width=0.8)
             bottom = [b + y for b, y in zip(bottom, ys)]
         ax.legend(fontsize=8)
 
@@ -221,6 +218,7 @@ class Panel:
     ylabel: str
     keys: Callable[[Sequence[Run]], list[str]]
     draw: Callable[[Sequence[Run]], PanelFn]
+    fraction: bool = False  # y in [0, 1]
 
 
 def _fixed(keys: Sequence[str]) -> Callable[[Sequence[Run]], list[str]]:
@@ -236,9 +234,10 @@ _TOKENS = [("rollout/generated_tokens", "generated", "-"), ("rollout/tokens", "a
 _PAIRS = [("alloc/pairs_per_1k_tokens", "per 1k tokens", "-"), ("alloc/pairs_per_trajectory", "per trajectory", "--")]
 
 PANELS: tuple[Panel, ...] = (
-    Panel("success", "Success rate", "success", _fixed([k for k, _, _ in _SUCCESS]), lambda r: _lines(_SUCCESS)),
+    Panel("success", "Success rate", "success", _fixed([k for k, _, _ in _SUCCESS]), lambda r: _lines(_SUCCESS),
+          fraction=True),
     Panel("effective_ratio", "Effective ratio", "fraction", _fixed([k for k, _, _ in _EFFECTIVE]),
-          lambda r: _lines(_EFFECTIVE)),
+          lambda r: _lines(_EFFECTIVE), fraction=True),
     Panel("predictor_brier", "Predictor calibration", "error", _fixed([k for k, _, _ in _BRIER]),
           lambda r: _lines(_BRIER)),
     Panel("reliability", "Reliability diagram", "mean target V̂", _fixed(["predictor/reliability"]),
@@ -246,10 +245,10 @@ PANELS: tuple[Panel, ...] = (
     Panel("budget", "Budget per stage (trajectories)", "trajectories",
           lambda runs: [k for k, _ in _budget_keys(runs)]
           or ["alloc/roots", "alloc/continuations", "budget/*", "rollout/trajectories"],
-          lambda runs: _stacked(_budget_keys(runs), "bar")),
+          lambda runs: _stacked(_budget_keys(runs))),
     Panel("tokens", "Tokens per step", "tokens", _fixed([k for k, _, _ in _TOKENS]), lambda r: _lines(_TOKENS)),
     Panel("time", "Time per stage", "seconds", lambda runs: [k for k, _ in _time_keys(runs)] or ["time/<stage>"],
-          lambda runs: _stacked(_time_keys(runs), "area")),
+          lambda runs: _stacked(_time_keys(runs))),
     Panel("pairs", "Contrastive sibling pairs", "pairs", _fixed([k for k, _, _ in _PAIRS]),
           lambda r: _lines(_PAIRS, first_only=True)),
 )
@@ -267,12 +266,15 @@ def _draw(ax: Axes, panel: Panel, runs: Sequence[Run], colours: Sequence[Any]) -
     if panel.name != "reliability":
         ax.set_xlabel("step")
         ax.set_ylabel(panel.ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if panel.fraction:
+        ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
 
 
 def plot_runs(run_dirs: Iterable[str | Path], out_dir: str | Path | None = None) -> PlotResult:
-    """Write ``overview.png`` (every panel) and one PNG per panel with data into ``out_dir``
-    (default: the first run's ``plots/`` folder)."""
+    """Write ``overview.png`` (every panel with data) and one PNG per such panel into ``out_dir`` (default: the
+    first run's ``plots/`` folder); panels without data are named in ``missing``."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise ConfigError("expected at least one run folder, got none")
@@ -290,21 +292,17 @@ def plot_runs(run_dirs: Iterable[str | Path], out_dir: str | Path | None = None)
         else:
             result.missing[panel.name] = panel.keys(runs)
 
-    cols = 4
-    nrows = max(1, math.ceil(len(PANELS) / cols))
+    if not present:
+        raise ConfigError(f"expected some of the plotted metric keys in {runs[0].path / 'metrics.jsonl'}, got "
+                          f"none of {sorted(k for keys in result.missing.values() for k in keys)}")
+    cols = min(4, len(present))
+    nrows = math.ceil(len(present) / cols)
     # Figure objects without pyplot: PNGs are rendered by Agg, and a caller's pyplot backend is left alone.
     fig = Figure(figsize=(5 * cols, 3.8 * nrows))
     axes = fig.subplots(nrows, cols, squeeze=False)
-    for ax, panel in zip(axes.flat, PANELS):
-        if panel in present:
-            _draw(ax, panel, runs, colours)
-        else:
-            ax.set_title(panel.title)
-            ax.text(0.5, 0.5, "not logged:\n" + "\n".join(result.missing[panel.name]), ha="center", va="center",
-                    transform=ax.transAxes, color="grey", fontsize=9)
-            ax.set_xticks([])
-            ax.set_yticks([])
-    for ax in list(axes.flat)[len(PANELS):]:
+    for ax, panel in zip(axes.flat, present):
+        _draw(ax, panel, runs, colours)
+    for ax in list(axes.flat)[len(present):]:
         ax.set_visible(False)
     fig.suptitle(" vs ".join(r.label for r in runs) + f" — {max(len(r.rows) for r in runs)} logged steps")
     fig.tight_layout()

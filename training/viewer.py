@@ -126,6 +126,13 @@ def split_action(action: str, tool_names: Sequence[str] = ()) -> dict[str, Any]:
     return {"thought": thought, "calls": calls, "answer": answers[-1] if answers else None}
 
 
+def _short(value: Any) -> Any:
+    """Token-id lists (prompt_ids, obs_ids, ...) summarised: they are large and unreadable on the page."""
+    if isinstance(value, list) and len(value) > 16 and all(isinstance(v, int) for v in value):
+        return f"[{len(value)} ints]"
+    return value
+
+
 def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
@@ -167,7 +174,7 @@ def _tree_data(record: TreeRecord, systems: dict[str, int]) -> dict[str, Any]:
             "predicted": _finite(predicted),
             "alloc": alloc if isinstance(alloc, dict) else None,
             "tokens": len(node.token_ids) if node.token_ids is not None else info.get("tokens"),
-            "info": info, "meta": meta,
+            "info": info, "meta": {k: _short(v) for k, v in meta.items()},
         })
     system = next((m.get("content", "") for m in tree.root.info.get("messages", []) or []
                    if isinstance(m, dict) and m.get("role") == "system"), None)
