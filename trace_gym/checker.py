@@ -87,6 +87,14 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     ``depth`` non-final turns and comparing ``depth + 2`` further turns across restores.
     """
     factory = _make_factory(env)
+    # A throwaway episode first: process-wide helpers an env starts once (a sandbox's template process) are
+    # then part of the baseline, and only processes that outlive their episode count as leaks.
+    warmup = factory()
+    warmup.reset(seed=seed)
+    _play(warmup, warmup.example_actions()[:1])
+    warmup.close()
+    del warmup
+    gc.collect()
     before = descendant_pids()
     base = factory()
     if not skip_gym_check:

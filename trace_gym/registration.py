@@ -9,6 +9,7 @@ import gymnasium as gym
 
 # id -> (entry point, constructor kwargs)
 _QA = "trace_gym.environments.qa:MultiHopQAEnv"
+_MATH = "trace_gym.environments.math_envs:MathEnv"
 _BFCL_MT = "trace_gym.environments.bfcl.env:BFCLMultiTurnEnv"
 _BFCL_ST = "trace_gym.environments.bfcl.env:BFCLSingleTurnEnv"
 ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -16,6 +17,12 @@ ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "trace/2Wiki-v0": (_QA, {"dataset": "2wiki"}),
     "trace/MuSiQue-v0": (_QA, {"dataset": "musique"}),
     "trace/Bamboogle-v0": (_QA, {"dataset": "bamboogle"}),
+    "trace/Math-v0": (_MATH, {"dataset": "deepscaler"}),
+    "trace/GSM8K-v0": (_MATH, {"dataset": "gsm8k"}),
+    "trace/MATH500-v0": (_MATH, {"dataset": "math500"}),
+    "trace/AIME24-v0": (_MATH, {"dataset": "aime24"}),
+    "trace/AMC23-v0": (_MATH, {"dataset": "amc23"}),
+    "trace/Arithmetic-v0": ("trace_gym.environments.math_envs:ArithmeticEnv", {"difficulty": 3}),
     "trace/BFCL-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
     "trace/BFCL-MultiTurn-Base-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
     "trace/BFCL-MultiTurn-MissFunc-v0": (_BFCL_MT, {"category": "multi_turn_miss_func"}),
