@@ -1,4 +1,5 @@
-"""Run plots from real metrics: the LLM-free allocation loop (training.simulation) logs a short run per allocator."""
+"""Run plots from real metrics: a short trainer run of the nano model on the parity env, and the LLM-free
+allocation loop (training.simulation) for runs long enough to compare allocators."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.training.parity_env import ENTRY_POINT
 from trace_gym.cli import main as cli_main
 from trace_gym.errors import ConfigError
 from trace_gym.training.allocators import StepBudget, make_allocator
@@ -35,6 +37,53 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def _is_png(path: Path) -> bool:
     return path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.fixture(scope="module")
+def trainer_run(tmp_path_factory) -> Path:
+    """Three real training steps (nano model, parity env, TRACE allocator) with trees saved."""
+    from trace_gym.agents.tiny import build_tiny_model
+    from trace_gym.training.config import TrainConfig
+    from trace_gym.training.trainer import Trainer
+
+    base = tmp_path_factory.mktemp("trained")
+    cfg = TrainConfig.from_dict({
+        "run_dir": str(base / "run"), "seed": 0, "steps": 3,
+        "model": {"path": str(build_tiny_model(base / "nano", size="nano", seed=0))},
+        "env": {"id": ENTRY_POINT, "kwargs": {"n_tasks": 12}, "workers": 2},
+        "rollout": {"max_new_tokens": 6, "max_context": 512},
+        "alloc": {"allocator": "trace", "roots": 6, "multiplier": 1, "pool_size": 4, "group_size": 3, "cap": 4},
+        "optim": {"lr": 1e-3, "mini_batch": 8, "micro_batch": 4},
+        "eval": {"every": 0, "tasks": 0},
+        "checkpoint": {"every": 0},
+        "log": {"progress": False, "save_trees": True},
+    })
+    trainer = Trainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return base / "run"
+
+
+@pytest.mark.slow
+def test_a_trainer_run_gets_every_panel(trainer_run, tmp_path):
+    result = plot_runs([trainer_run], tmp_path)
+    assert not result.missing, result.missing
+    assert {p.stem for p in result.paths} == {"overview", "success", "effective_ratio", "predictor_brier",
+                                              "reliability", "budget", "tokens", "time", "pairs"}
+    assert all(_is_png(p) for p in result.paths)
+
+
+@pytest.mark.slow
+def test_the_viewer_reads_a_trainer_runs_trees(trainer_run):
+    from trace_gym.training.viewer import load_trees, page_data
+
+    records = load_trees([trainer_run / "trees.jsonl"])
+    assert sorted({r.step for r in records}) == [1, 2, 3]
+    nodes = [n for t in page_data(records)["trees"] for n in t["nodes"]]
+    assert any(n["predicted"] is not None for n in nodes)
+    assert sum(n["alloc"]["continuations"] for n in nodes if n["alloc"]) == 3 * 6  # N·M continuations per step
 
 
 def test_plot_run_writes_a_png_per_logged_panel(runs):
