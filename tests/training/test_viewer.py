@@ -97,9 +97,25 @@ def collect_trees(n_prompts: int = 6, budget: int = 12, seed: int = 0) -> list[R
     return trees
 
 
+def failing_tree(rollouts: int = 3) -> RolloutTree:
+    """A tree whose every rollout fails: the expert at noise 1 always searches distractors and answers wrong."""
+    from trace_gym.environments.qa import MultiHopQAEnv
+
+    env = MultiHopQAEnv(max_turns=3)
+    wrapper = TreeRolloutWrapper(env)
+    expert = env.expert(noise=1.0, seed=0)
+    obs_info = wrapper.reset(seed=0, options={"index": 7})
+    for j in range(rollouts):
+        _play(wrapper, expert, obs_info if j == 0 else wrapper.branch(0))
+    tree = wrapper.tree
+    wrapper.close()
+    return tree
+
+
 @pytest.fixture(scope="module")
 def trees() -> list[RolloutTree]:
-    return collect_trees()
+    out = collect_trees()
+    return [*out[:4], failing_tree(), *out[4:]]
 
 
 @pytest.fixture(scope="module")
@@ -301,10 +317,13 @@ def test_filters_and_search_select_matching_trees(chrome, page, trees):
     def shown() -> list[str]:
         return chrome.eval("[...document.querySelectorAll('#list li[data-index]')].map(li => li.title)")
 
+    mixed = [t.task_id for t in trees if t.is_mixed()]
+    failed = [t.task_id for t in trees if t.leaves() and all(n.reward < 0.5 for n in t.leaves())]
+    assert mixed and failed and len(mixed) + len(failed) < len(trees)  # each filter has something to drop
     chrome.eval("document.getElementById('f-mixed').click()")
-    assert shown() == [t.task_id for t in trees if t.is_mixed()]
+    assert shown() == mixed
     chrome.eval("document.getElementById('f-mixed').click(); document.getElementById('f-failed').click()")
-    assert shown() == [t.task_id for t in trees if t.leaves() and all(n.reward < 0.5 for n in t.leaves())]
+    assert shown() == failed
     chrome.eval("document.getElementById('f-failed').click()")
     target = trees[3].task_id
     chrome.eval(f"const s = document.getElementById('search'); s.value = {json.dumps(target[-6:])};"
