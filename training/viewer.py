@@ -2,7 +2,7 @@
 
 Input: JSONL files, one tree per line: ``RolloutTree.to_dict()``, ``{"step": N, "tree": {...}, ...}`` or the
 dict with extra top-level keys beside ``task_id``/``nodes`` (``{"step": N, **tree.to_dict()}``); extra keys
-other than ``step`` are shown as the tree's metadata. A directory stands for the ``*.jsonl`` files under it.
+other than ``step`` are shown as the tree's metadata. A directory stands for the ``*.jsonl`` tree files under it.
 
 The page has no network dependency: the data, script and style are inlined, the tree is drawn as SVG by the
 page's own script, and every string is inserted as text (never as markup).
@@ -52,11 +52,22 @@ class TreeRecord:
     source: str = ""
 
 
+def _holds_trees(path: Path) -> bool:
+    """Whether the first line of a JSONL file is a tree (a run folder also holds metrics.jsonl)."""
+    with path.open(encoding="utf-8") as fh:
+        first = next((line for line in fh if line.strip()), "")
+    try:
+        obj = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and ("nodes" in obj or isinstance(obj.get("tree"), dict))
+
+
 def _input_files(paths: Iterable[str | Path]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(p.rglob("*.jsonl"))
+            found = [f for f in sorted(p.rglob("*.jsonl")) if _holds_trees(f)]
             if not found:
                 raise ConfigError(f"expected *.jsonl tree files under {p}, got none; fix: pass the files")
             files.extend(found)

@@ -40,7 +40,7 @@ def run(command: str, args: argparse.Namespace) -> int:
             from .viewer import write_viewer
 
             out = write_viewer(args.trees, args.out or _default_page(args.trees[0]), title=args.title)
-            print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); open it in a browser (works offline)")
+            print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB); open it in a browser (works offline)")
             return 0
         if command == "plot":
             from .plots import plot_runs

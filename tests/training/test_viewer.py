@@ -353,3 +353,10 @@ def test_cli_view_writes_the_page(trees_file, tmp_path, capsys):
     assert f"wrote {out}" in capsys.readouterr().out
     assert "<title>my &lt;trees&gt;</title>" in out.read_text(encoding="utf-8")
     assert cli_main(["view", str(tmp_path / "missing.jsonl")]) == 1
+
+
+def test_a_run_folder_stands_for_its_tree_files(trees_file):
+    # The folder also gets a metrics-like JSONL that is not a tree file; it must be left out, not fail.
+    (trees_file.parent / "metrics.jsonl").write_text('{"step": 1, "rollout/success": 0.5}\n')
+    assert [r.tree.task_id for r in load_trees([trees_file.parent])] == \
+        [r.tree.task_id for r in load_trees([trees_file])]
