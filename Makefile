@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml Makefile
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# The viewer's browser tests need Debian's chromium; the script does nothing when it is already installed.
 test: venv
+	bash scripts/install_chromium.sh
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
