@@ -1,0 +1,124 @@
+"""Ray rollout workers on a local cluster: the same trees as the in-process collector for the same seeds, and a
+worker killed while it holds work costs nothing but time (step completes, budget conserved, no duplicates)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("ray")
+
+from trace_gym.agents.policy import SamplingParams
+from trace_gym.training.collector import TreeCollector
+from trace_gym.training.ray_workers import EnvExpert, RayConfig, RayTreeCollector, SeededExpertPolicy
+from trace_gym.tree import RolloutTree
+
+ENV_ID = "trace/HotpotQA-v0"
+ROOTS = {0: 3, 1: 2, 2: 2, 3: 1, 4: 2}  # task position -> bare rollouts
+BARE_SEED, CONT_SEED = 7, 8
+
+
+class SlowPolicy:
+    """Holds each generate call a while, so that a kill surely lands while the worker has work."""
+
+    def __init__(self, inner, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+
+    def generate(self, requests, sampling):
+        time.sleep(self.delay_s)
+        return self.inner.generate(requests, sampling)
+
+
+def expert_policy(delay_s: float = 0.0):
+    policy = SeededExpertPolicy(EnvExpert(ENV_ID, noise=0.5))
+    return SlowPolicy(policy, delay_s) if delay_s else policy
+
+
+@functools.cache
+def tasks():
+    return tuple(gym.make(ENV_ID).unwrapped.tasks[:len(ROOTS)])
+
+
+def root_counts() -> dict[str, int]:
+    return {tasks()[i].id: m for i, m in ROOTS.items()}
+
+
+def continuation_counts(trees) -> dict[tuple[str, int], int]:
+    """Two continuations from the first two open prefixes (depth >= 1) of each tree, else from the root."""
+    out = {}
+    for tid, tree in trees.items():
+        open_nodes = [n.id for n in tree if not n.is_terminal and n.depth >= 1][:2] or [0]
+        out.update({(tid, n): 2 for n in open_nodes})
+    return out
+
+
+def one_step(collector) -> tuple[dict, int]:
+    """Bare rollouts then continuations; returns the trees as dicts and the trajectories spent."""
+    collector.begin_step()
+    spent = collector.bare_rollouts(root_counts(), BARE_SEED).trajectories
+    spent += collector.continuations(continuation_counts(collector.trees), CONT_SEED).trajectories
+    return {tid: tree.to_dict() for tid, tree in collector.trees.items()}, spent
+
+
+@pytest.fixture(scope="module")
+def in_process():
+    collector = TreeCollector(expert_policy(), functools.partial(gym.make, ENV_ID), tasks(), SamplingParams(),
+                              workers=1)
+    try:
+        trees, spent = one_step(collector)
+    finally:
+        collector.close()
+    assert any(len(t["nodes"]) > 1 + ROOTS[0] for t in trees.values())  # continuations happened
+    return trees, spent
+
+
+def ray_collector(delay_s: float = 0.0) -> RayTreeCollector:
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the tests package
+    return RayTreeCollector(functools.partial(expert_policy, delay_s), functools.partial(gym.make, ENV_ID), tasks(),
+                            SamplingParams(), ray_config=RayConfig(workers=2, env_threads=1))
+
+
+def test_ray_trees_equal_in_process_trees(ray_cluster, in_process):
+    collector = ray_collector()
+    try:
+        trees, spent = one_step(collector)
+        placed = set(collector._owner.values())
+    finally:
+        collector.close()
+    assert placed == {0, 1}  # both workers held trees
+    assert list(trees) == list(in_process[0])
+    assert trees == in_process[0]
+    assert spent == in_process[1]
+
+
+@pytest.mark.parametrize("stage", ["bare", "continuations"])
+def test_worker_killed_mid_step_reruns_its_work_elsewhere(ray_cluster, in_process, stage):
+    import ray
+
+    collector = ray_collector(delay_s=0.1)
+    calls = []
+
+    def kill_first_worker(c: RayTreeCollector) -> None:
+        calls.append(stage)
+        if len(calls) == (1 if stage == "bare" else 2):  # round 1 of the named stage call
+            ray.kill(c.workers[0])
+
+    collector.on_submit = kill_first_worker
+    try:
+        trees, spent = one_step(collector)
+        alive, failures = list(collector.alive), collector.failures
+    finally:
+        collector.close()
+    assert failures == 1 and alive == [False, True]  # the kill hit a call in flight
+    continued = continuation_counts({tid: RolloutTree.from_dict(d) for tid, d in in_process[0].items()})
+    assert spent == sum(ROOTS.values()) + sum(continued.values())
+    for tid, tree in trees.items():  # budget: one leaf per started rollout, none twice
+        leaves = [n for n in tree["nodes"] if n["terminated"] or n["truncated"]]
+        assert len(leaves) == root_counts()[tid] + sum(k for (t, _), k in continued.items() if t == tid)
+    assert trees == in_process[0]

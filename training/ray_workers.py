@@ -1,0 +1,398 @@
+"""Tree rollouts on Ray: actors each own a pool of envs and a policy (a vLLM engine on GPU clusters); the
+driver dispatches roots and branches and gathers the trees.
+
+`RayTreeCollector` has `TreeCollector`'s interface (`begin_step`, `bare_rollouts({task: m})`,
+`continuations({(task, node): k})`, `trees`, `close`), so the trainer switches with `distributed: ray`.
+
+Choices:
+1. The unit of placement is a tree: a prompt's tree lives on one worker for the step, and its continuations go
+   there, where its native snapshots are. Node ids are then numbered exactly as the in-process collector numbers
+   them, and every rollout keeps its global index in the stage call (its sampling seeds), so a seeded policy
+   gives the same trees as `TreeCollector` on one machine.
+2. New trees go to the least-loaded live worker (rollouts started this step; ties to the lowest index).
+3. Fault tolerance: after every finished stage call the driver holds each tree and the tree root's portable
+   (replay) snapshot. When a worker dies, its unfinished calls are re-run on live workers from the driver's copy
+   of the tree as it was before the call, restoring open nodes from replay snapshots. Partial work of the dead
+   worker is discarded, so the re-run adds each trajectory once and the budget is the one asked for.
+4. Scripted experts draw from one generator in call order, which depends on how branches are batched; for
+   trees that do not depend on placement use `SeededExpertPolicy`, which seeds the expert per request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from trace_gym.agents.chat import Conversation, Segment
+from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams
+from trace_gym.errors import ConfigError, TraceGymError
+from trace_gym.experts import Expert
+from trace_gym.snapshot import ReplaySnapshot
+from trace_gym.tasks import Task
+from trace_gym.tree import RolloutTree
+from trace_gym.wrappers import TreeRolloutWrapper
+
+from .collector import CollectStats, TreeCollector, _Branch, _Tree
+
+Start = tuple[str, int, int]  # (task id, node id, global rollout index in the stage call)
+
+
+@dataclass
+class RayConfig:
+    """Where the workers run and how many there are."""
+
+    address: str | None = None
+    """An existing cluster ("auto", "ray://head:10001"); null starts a local one."""
+    workers: int = 2
+    """Rollout actors."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per actor (its env steps)."""
+    gpus_per_worker: float = 0.0
+    """GPUs per actor (its vLLM engine); fractions share a GPU."""
+    env_threads: int = 2
+    """Threads stepping one actor's envs."""
+    init: dict[str, Any] = field(default_factory=dict)
+    """Extra `ray.init` keyword arguments (num_cpus, _temp_dir, runtime_env, ...)."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.env_threads < 1:
+            raise ConfigError(f"expected ray.workers >= 1 and ray.env_threads >= 1, got {self.workers}, "
+                              f"{self.env_threads}; fix: ray.workers=2")
+        if self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
+            raise ConfigError(f"expected non-negative ray.cpus_per_worker and gpus_per_worker, got "
+                              f"{self.cpus_per_worker}, {self.gpus_per_worker}")
+
+
+def init_ray(cfg: RayConfig) -> None:
+    """Connect to ``cfg.address`` or start a local cluster (no dashboard, no usage stats); no-op if connected."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs = {"include_dashboard": False, **cfg.init}
+    if cfg.address is not None:
+        kwargs["address"] = cfg.address
+        kwargs.pop("num_cpus", None)  # resources belong to the existing cluster
+    ray.init(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------- seeded experts
+class EnvExpert:
+    """A picklable ``seed -> Expert`` factory: ``gym.make(env_id).unwrapped.expert(noise, seed)``."""
+
+    def __init__(self, env_id: str, noise: float = 0.0, env_kwargs: Mapping[str, Any] | None = None):
+        self.env_id, self.noise, self.env_kwargs = env_id, noise, dict(env_kwargs or {})
+        self._env: Any = None
+
+    def __call__(self, seed: int) -> Expert:
+        if self._env is None:
+            self._env = gym.make(self.env_id, **self.env_kwargs).unwrapped
+        return self._env.expert(noise=self.noise, seed=seed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_env": None}
+
+
+class SeededExpertPolicy:
+    """A scripted `Policy` whose turn for a request comes from a fresh expert seeded with ``request.seed``, so
+    the result depends on the request alone (the Policy contract), not on batching or placement."""
+
+    def __init__(self, make_expert: Callable[[int], Expert]):
+        self.make_expert = make_expert
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        out = []
+        for i, req in enumerate(requests):
+            if req.messages is None or req.task is None:
+                raise ConfigError("expected requests with messages and task for a scripted expert; fix: "
+                                  "collect without a tokenizer")
+            for j in range(sampling.n):
+                seed = (req.seed if req.seed is not None else 0) + j
+                text = self.make_expert(seed).act(req.task, list(req.messages))
+                out.append(Generation(text=text, token_ids=[], logprobs=[], finish_reason="stop", prompt_tokens=0,
+                                      request_index=i, sample_index=j))
+        return out
+
+
+# --------------------------------------------------------------------------------------------- the worker
+class _WorkerCollector(TreeCollector):
+    """`TreeCollector` that runs starts with given global indices and adopts trees started elsewhere."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.roots: dict[str, ReplaySnapshot] = {}  # each tree's root as a portable snapshot
+
+    def _open_tree(self, task_id: str) -> None:
+        super()._open_tree(task_id)
+        snap = self._trees[task_id].wrapper.base.snapshot("replay")  # at the root: task and RNG state only
+        assert isinstance(snap, ReplaySnapshot)
+        self.roots[task_id] = snap
+
+    def begin_step(self) -> None:
+        super().begin_step()
+        self.roots = {}
+
+    def run(self, opens: Sequence[str], starts: Sequence[Start], seed: int) -> CollectStats:
+        for tid in opens:
+            self._open_tree(tid)
+        stats = CollectStats(trajectories=len(starts))
+        active = [_Branch(tid, node, index) for tid, node, index in starts]
+        while active:
+            t0 = time.perf_counter()
+            gens = self.policy.generate([self._request(b, seed) for b in active], self.sampling)
+            stats.generate_s += time.perf_counter() - t0
+            stats.generate_calls += 1
+            if len(gens) != len(active):
+                raise ConfigError(f"expected one generation per request from the policy, got {len(gens)} for "
+                                  f"{len(active)}; fix: the policy must follow the Policy contract")
+            by_tree: dict[str, list[tuple[_Branch, Generation]]] = {}
+            for b, g in zip(active, gens):
+                by_tree.setdefault(b.task_id, []).append((b, g))
+            t0 = time.perf_counter()
+            for part in self._executor.map(self._step_tree, by_tree.values()):
+                stats += part
+            stats.env_s += time.perf_counter() - t0
+            active = [b for b in active if not b.done]
+        return stats
+
+    def adopt(self, tree: RolloutTree, root: ReplaySnapshot, nodes: Sequence[int]) -> None:
+        """Take over ``tree`` (started on another worker): open nodes restore from replay snapshots."""
+        wrapper = self._pool.pop() if self._pool else TreeRolloutWrapper(self.make_env(), self.snapshot_kind)
+        task = self.tasks[tree.task_id]
+        wrapper.reset(options={"task": task})
+        for snap in wrapper.snapshots.values():
+            snap.release()
+        wrapper.snapshots.clear()
+        wrapper.tree = tree
+        for node in tree:
+            if not node.is_terminal:
+                wrapper.snapshots[node.id] = dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
+        state = _Tree(wrapper, task)
+        self.roots[tree.task_id] = root
+        for node_id in sorted(set(nodes)):
+            _, info = wrapper.branch(node_id)
+            state.messages[node_id] = list(info["messages"])
+            if self.tokenizer is not None:
+                state.convs[node_id] = _conversation(self.tokenizer, tree, node_id, info["messages"])
+        self._trees[tree.task_id] = state
+
+    def export(self, task_ids: Sequence[str]) -> tuple[dict[str, RolloutTree], dict[str, ReplaySnapshot]]:
+        trees = {tid: self._trees[tid].wrapper.tree for tid in task_ids}
+        return trees, {tid: self.roots[tid] for tid in task_ids}  # type: ignore[return-value]
+
+
+def _conversation(tokenizer: Any, tree: RolloutTree, node_id: int, messages: Sequence[Mapping[str, Any]]
+                  ) -> Conversation:
+    """The token record after ``node_id``'s observation, rebuilt from the tree (collector.py's layout)."""
+    path = tree.path(node_id)
+    ids = list(path[0].meta.get("prompt_ids", []))
+    segments = [Segment("prompt", 0, len(ids))]
+    for node in path[1:]:
+        action = node.token_ids or []
+        segments.append(Segment("action", len(ids), len(ids) + len(action), node.logprobs))
+        ids.extend(action)
+        obs = node.meta.get("obs_ids", [])
+        segments.append(Segment("observation", len(ids), len(ids) + len(obs)))
+        ids.extend(obs)
+    return Conversation(tokenizer, [dict(m) for m in messages], None, ids, segments)
+
+
+class RolloutWorker:
+    """One Ray actor: a policy, a pool of envs and the trees placed on it this step."""
+
+    def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
+                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native", threads: int = 2,
+                 max_context: int = 4096):
+        self.policy = make_policy()
+        self.collector = _WorkerCollector(self.policy, make_env, tasks, sampling, tokenizer, snapshot_kind,
+                                          threads, max_context)
+
+    def begin_step(self) -> None:
+        self.collector.begin_step()
+
+    def run(self, opens: Sequence[str], starts: Sequence[Start], seed: int,
+            adopt: Mapping[str, tuple[RolloutTree, ReplaySnapshot]]
+            ) -> tuple[dict[str, RolloutTree], dict[str, ReplaySnapshot], CollectStats]:
+        """Adopt trees, open new ones, run the starts; return the touched trees, their root snapshots, stats."""
+        for tid, (tree, root) in adopt.items():
+            self.collector.adopt(tree, root, [node for t, node, _ in starts if t == tid])
+        stats = self.collector.run(opens, starts, seed)
+        touched = list(dict.fromkeys([*opens, *adopt, *(t for t, _, _ in starts)]))
+        return (*self.collector.export(touched), stats)
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        update = getattr(self.policy, "update_weights", None)
+        if update is None:
+            raise ConfigError(f"expected a policy with update_weights(state_dict), got {type(self.policy).__name__}")
+        update(dict(state_dict))
+
+    def close(self) -> None:
+        self.collector.close()
+
+
+# --------------------------------------------------------------------------------------------- the driver
+class RayTreeCollector:
+    """`TreeCollector`'s interface over Ray actors (see the module docstring). ``make_policy`` and ``make_env``
+    are called on the workers, so they must pickle (module-level functions, `functools.partial`, classes)."""
+
+    def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
+                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
+                 max_context: int = 4096, ray_config: RayConfig | None = None):
+        if sampling.n != 1:
+            raise ConfigError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
+        self.cfg = ray_config or RayConfig()
+        init_ray(self.cfg)
+        import ray
+
+        self.tasks = {t.id: t for t in tasks}
+        actor = ray.remote(num_cpus=self.cfg.cpus_per_worker, num_gpus=self.cfg.gpus_per_worker)(RolloutWorker)
+        self.workers = [actor.remote(make_policy, make_env, list(tasks), sampling, tokenizer, snapshot_kind,
+                                     self.cfg.env_threads, max_context) for _ in range(self.cfg.workers)]
+        self.alive = [True] * len(self.workers)
+        self.failures = 0
+        """Worker deaths seen so far (each one's unfinished calls were re-run elsewhere)."""
+        self._trees: dict[str, RolloutTree] = {}
+        self._roots: dict[str, ReplaySnapshot] = {}
+        self._owner: dict[str, int] = {}
+        self._load: list[int] = [0] * len(self.workers)
+        self.on_submit: Callable[[RayTreeCollector], None] | None = None
+        """Called after each round of calls is submitted (fault-injection hook for tests)."""
+
+    @property
+    def trees(self) -> dict[str, RolloutTree]:
+        """This step's trees by task id, in the order the prompts were started."""
+        return dict(self._trees)
+
+    def begin_step(self) -> None:
+        self._trees.clear()
+        self._roots.clear()
+        self._owner.clear()
+        self._load = [0] * len(self.workers)
+        self._call_all(lambda w: w.begin_step.remote())
+
+    def bare_rollouts(self, counts: Mapping[str, int], seed: int) -> CollectStats:
+        """Start ``m`` rollouts at the root of each task in ``counts``; each prompt once per step."""
+        new = [tid for tid, m in counts.items() if m > 0]
+        for tid in new:
+            if tid in self._trees or tid in self._owner:
+                raise ConfigError(f"expected each prompt once per step, got {tid!r} twice; fix: use continuations "
+                                  "(node 0) for more rollouts from a started prompt")
+            if tid not in self.tasks:
+                raise ConfigError(f"expected a task id of the training set, got {tid!r}")
+        starts: list[Start] = []
+        for tid in new:
+            starts.extend([(tid, 0, len(starts) + j) for j in range(int(counts[tid]))])
+        for tid in new:
+            self._place(tid, int(counts[tid]))
+        return self._dispatch(starts, seed, opens=set(new))
+
+    def continuations(self, counts: Mapping[tuple[str, int], int], seed: int) -> CollectStats:
+        """Start ``k`` rollouts from each open node in ``counts`` ((task id, node id) -> k)."""
+        starts: list[Start] = []
+        for (tid, node_id), k in counts.items():
+            if k <= 0:
+                continue
+            tree = self._trees.get(tid)
+            if tree is None:
+                raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
+            if tree[node_id].is_terminal:
+                raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
+            starts.extend([(tid, int(node_id), len(starts) + j) for j in range(int(k))])
+        return self._dispatch(starts, seed, opens=set())
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Push new weights to every live worker's policy (one object-store copy shared by all)."""
+        import ray
+
+        ref = ray.put(dict(state_dict))
+        self._call_all(lambda w: w.update_weights.remote(ref))
+
+    def close(self) -> None:
+        import ray
+
+        live = [i for i, ok in enumerate(self.alive) if ok]
+        # Close first: envs may hold OS resources (sandbox processes) that a killed actor would leave behind.
+        closing = [self.workers[i].close.remote() for i in live]
+        ray.wait(closing, num_returns=len(closing), timeout=30)
+        for i in live:
+            ray.kill(self.workers[i])
+        self.alive = [False] * len(self.workers)
+
+    # ----------------------------------------------------------------- internals
+    def _live(self) -> list[int]:
+        live = [i for i, ok in enumerate(self.alive) if ok]
+        if not live:
+            raise TraceGymError("every rollout worker has died; fix: check the workers' logs (ray logs) and "
+                                "restart the run from its last checkpoint")
+        return live
+
+    def _place(self, tid: str, load: int) -> int:
+        i = min(self._live(), key=lambda w: (self._load[w], w))
+        self._owner[tid] = i
+        self._load[i] += load
+        return i
+
+    def _call_all(self, call: Callable[[Any], Any]) -> None:
+        import ray
+
+        for i in self._live():
+            try:
+                ray.get(call(self.workers[i]))
+            except ray.exceptions.RayActorError:
+                self._mark_dead(i)
+
+    def _mark_dead(self, i: int) -> None:
+        if self.alive[i]:
+            self.alive[i] = False
+            self.failures += 1
+
+    def _dispatch(self, starts: list[Start], seed: int, opens: set[str]) -> CollectStats:
+        import ray
+
+        stats = CollectStats()
+        todo: dict[str, list[Start]] = {}
+        for s in starts:
+            todo.setdefault(s[0], []).append(s)
+        held: dict[int, set[str]] = {}  # trees each worker holds this step (others must be shipped to it)
+        for tid, owner in self._owner.items():
+            if tid in self._trees:
+                held.setdefault(owner, set()).add(tid)
+        while todo:
+            pending: dict[Any, tuple[int, list[str]]] = {}
+            per_worker: dict[int, list[str]] = {}
+            for tid in todo:
+                owner = self._owner.get(tid)
+                if owner is None or not self.alive[owner]:
+                    owner = self._place(tid, len(todo[tid]))
+                per_worker.setdefault(owner, []).append(tid)
+            for w, tids in per_worker.items():
+                adopt = {t: (self._trees[t], self._roots[t]) for t in tids
+                         if t in self._trees and t not in held.get(w, set())}
+                new = [t for t in tids if t in opens and t not in self._trees]
+                items = sorted((s for t in tids for s in todo[t]), key=lambda s: s[2])
+                pending[self.workers[w].run.remote(new, items, seed, adopt)] = (w, tids)
+            if self.on_submit is not None:
+                self.on_submit(self)
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                w, tids = pending.pop(ready[0])
+                try:
+                    trees, roots, part = ray.get(ready[0])
+                except ray.exceptions.RayActorError:
+                    self._mark_dead(w)  # its trees stay in `todo` and are placed again in the next round
+                    continue
+                stats += part
+                for t in tids:
+                    del todo[t]
+                held.setdefault(w, set()).update(tids)
+                self._trees.update(trees)
+                self._roots.update(roots)
+        self._trees = {t: self._trees[t] for t in self._owner if t in self._trees}  # start order
+        return stats
