@@ -1,0 +1,76 @@
+"""Helpers shared by the allocation and learning benchmarks: intervals, JSON output, tables, plot setup."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).parent / "results"
+DOCS_IMG = Path(__file__).parent.parent / "docs" / "img"
+
+# Two-sided 95% Student-t quantiles by degrees of freedom (1..30); beyond 30 the normal 1.96 is close enough.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def mean_ci(values: Sequence[float]) -> dict[str, float]:
+    """Mean and 95% t-interval half-width over independent seeds (NaNs dropped); n = seeds used."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if len(x) == 0:
+        return {"mean": float("nan"), "ci95": float("nan"), "n": 0}
+    if len(x) == 1:
+        return {"mean": float(x[0]), "ci95": float("nan"), "n": 1}
+    t = _T95[min(len(x) - 1, len(_T95)) - 1] if len(x) - 1 <= len(_T95) else 1.96
+    return {"mean": float(x.mean()), "ci95": float(t * x.std(ddof=1) / math.sqrt(len(x))), "n": len(x)}
+
+
+def fmt(stat: dict[str, float], digits: int = 3) -> str:
+    """'0.612 ± 0.021' (or just the mean when there is no interval)."""
+    if not math.isfinite(stat["mean"]):
+        return "n/a"
+    if not math.isfinite(stat["ci95"]):
+        return f"{stat['mean']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f} ± {stat['ci95']:.{digits}f}"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers ran on (cores visible to this process, Python, numpy)."""
+    return {"cpus": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+            "python": platform.python_version(), "numpy": np.__version__, "gpu": False}
+
+
+def write_json(name: str, payload: dict[str, Any], folder: Path = RESULTS) -> Path:
+    """<folder>/<name>.json, by default benchmarks/results (NaN written as null)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(_clean(payload), indent=1) + "\n")
+    return path
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if isinstance(x, float | np.floating):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,332 @@
+"""TRACE against its baselines at equal trajectory budget, on the simulation env (exact values known).
+
+For every allocator (grpo, pcl, treepo, the four uniform/active stage combinations, trace, oracle) and many
+seeds: effective ratio (per prompt, per sample), mixed prompts per step, contrastive sibling pairs per
+trajectory and per 1k generated tokens, generated tokens, and the predictor's Brier score against the exact
+success probabilities. The oracle is trace fed the exact values: it bounds what any allocator can reach.
+
+Diagnostics (why trace falls short of the oracle) run the same loop with one thing changed at a time:
+exact values for one stage only, a predictor that knows everything the prompt text can tell (the task
+generator's posterior, no memorisation), the learned predictor also fit on a free uniform batch each step
+(removes selection bias without spending budget), an exploration fraction of the root budget, and uniform
+roots in groups of 2 (as many prompts as grpo; the default groups of 8 give tree baselines 4 prompts).
+
+Numbers are means over the second half of each run's steps (after the predictor's warm-up), then mean and
+95% t-interval over seeds. Writes benchmarks/results/allocation[_quick].json and allocation_sim.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import DOCS_IMG, RESULTS, fmt, machine, mean_ci, pyplot, write_json
+
+from trace_gym.tasks import Task
+from trace_gym.training.allocators import ALLOCATORS, StagedAllocator, StepBudget, make_allocator
+from trace_gym.training.predictor import FeaturePredictor, Prefix
+from trace_gym.training.simulation import TERRAIN, make_tasks, simulate_step, value_at
+
+METRICS = {  # output name -> simulate_step metric key (None: derived)
+    "effective_ratio": "alloc/effective_ratio",
+    "effective_ratio_sample": "alloc/effective_ratio_sample",
+    "mixed_prompts": None,
+    "prompts": "rollout/prompts",
+    "pairs_per_trajectory": "alloc/pairs_per_trajectory",
+    "pairs_per_1k_tokens": "alloc/pairs_per_1k_tokens",
+    "tokens": "rollout/tokens",
+    "trajectories": "rollout/trajectories",
+    "success": "rollout/success",
+    "brier_true": "predictor/brier_true",
+}
+
+
+@dataclass(frozen=True)
+class ExploringAllocator(StagedAllocator):
+    """Active roots that give a fraction ``explore`` of the root budget to uniformly drawn unchosen prompts
+    (2 rollouts each), so the predictor keeps seeing prompts it believes are settled."""
+
+    explore: float = 0.0
+
+    def allocate_roots(self, values: np.ndarray, budget: int, rng: np.random.Generator) -> dict[int, int]:
+        n_explore = min(round(self.explore * budget / 2), len(values) // 2)
+        if self.roots != "active" or n_explore == 0:
+            return super().allocate_roots(values, budget, rng)
+        chosen = super().allocate_roots(values, budget - 2 * n_explore, rng)
+        rest = np.array([i for i in range(len(values)) if i not in chosen])
+        for i in rng.choice(rest, size=min(n_explore, len(rest)), replace=False):
+            chosen[int(i)] = 2
+        return chosen
+
+
+class StagePredictor:
+    """A learned predictor whose root and/or prefix outputs are replaced by the exact values (diagnostic)."""
+
+    def __init__(self, inner: Any, tasks: Sequence[Task], exact_roots: bool, exact_prefixes: bool):
+        self.inner, self.exact_roots, self.exact_prefixes = inner, exact_roots, exact_prefixes
+        self.tasks = {t.id: t for t in tasks}
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        out = self.inner.predict(prefixes)
+        for i, p in enumerate(prefixes):
+            if (p.depth == 0 and self.exact_roots) or (p.depth > 0 and self.exact_prefixes):
+                out[i] = value_at(self.tasks[p.task_id], p.depth, sum("safe path" in a for a, _ in p.turns))
+        return out
+
+    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+        return self.inner.fit(prefixes, targets, weights)
+
+
+class ReplayPredictor:
+    """Fits the inner predictor on the examples of the last ``keep`` fits together (diagnostic)."""
+
+    def __init__(self, inner: Any, keep: int):
+        self.inner, self.keep = inner, keep
+        self.buffer: list[tuple[list[Prefix], np.ndarray, np.ndarray]] = []
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        return self.inner.predict(prefixes)
+
+    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+        self.buffer = [*self.buffer, (list(prefixes), np.asarray(targets), np.asarray(weights))][-self.keep:]
+        return self.inner.fit([p for b in self.buffer for p in b[0]], np.concatenate([b[1] for b in self.buffer]),
+                              np.concatenate([b[2] for b in self.buffer]))
+
+
+_PROMPT = re.compile(r"Reach (\d+) checkpoints in at most (\d+) moves across (\w+) terrain")
+
+
+class HintPredictor:
+    """The best a predictor that reads only the text can do without memorising tasks (diagnostic).
+
+    The posterior mean of the exact value given the prompt's need and terrain word and the prefix's good/bad
+    moves, under the simulation's task generator (p_good ~ Beta(0.7, 0.7), hint right 70% of the time).
+    """
+
+    def __init__(self, hint_accuracy: float = 0.7, grid: int = 2001):
+        self.p = np.linspace(0.0005, 0.9995, grid)
+        prior = self.p ** (0.7 - 1) * (1 - self.p) ** (0.7 - 1)
+        tier = np.minimum((self.p * len(TERRAIN)).astype(int), len(TERRAIN) - 1)
+        self.post = {w: prior * (hint_accuracy * (tier == k) + (1 - hint_accuracy) / len(TERRAIN))
+                     for k, w in enumerate(TERRAIN)}
+
+    def _value(self, need: int, horizon: int, word: str, moves: int, good: int) -> float:
+        still, left = need - good, horizon - moves
+        if still <= 0:
+            return 1.0
+        if still > left:
+            return 0.0
+        w = self.post[word] * self.p**good * (1 - self.p) ** (moves - good)
+        v = sum(math.comb(left, j) * self.p**j * (1 - self.p) ** (left - j) for j in range(still, left + 1))
+        return float(np.sum(w * v) / np.sum(w))
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        out = np.full(len(prefixes), 0.5)
+        for i, p in enumerate(prefixes):
+            m = _PROMPT.search(p.prompt)
+            if m and m.group(3) in self.post:
+                good = sum("safe path" in a for a, _ in p.turns)
+                out[i] = self._value(int(m.group(1)), int(m.group(2)), m.group(3), p.depth, good)
+        return out
+
+    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+        return {"predictor/examples": float(len(prefixes))}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row: an allocator plus what the diagnostics change."""
+
+    label: str
+    allocator: str
+    predictor: str = "learned"  # learned | hint | exact_roots | exact_prefixes
+    explore: float = 0.0
+    free_uniform_fit: bool = False  # also fit the predictor on a flat grpo batch each step, outside the budget
+    group_size: int = 8  # uniform/pcl roots: rollouts per prompt
+    lr: float = 0.05  # FeaturePredictor learning rate (0.05 is the committed default)
+    fit_steps: int = 60  # FeaturePredictor Adam steps per fit (60 is the committed default)
+    replay: int = 0  # fit the learned predictor on the last ``replay`` steps' examples (0: this step's only)
+
+
+def variants(quick: bool) -> tuple[list[Variant], list[Variant]]:
+    """(the allocators at the default shape, the diagnostics)."""
+    main = [Variant(name, name) for name in ALLOCATORS]
+    diag = [
+        Variant("trace: exact root values", "trace", predictor="exact_roots"),
+        Variant("trace: exact prefix values", "trace", predictor="exact_prefixes"),
+        Variant("trace: text-posterior predictor", "trace", predictor="hint"),
+        Variant("trace: + free uniform fit", "trace", free_uniform_fit=True),
+        Variant("trace: explore 25%", "trace", explore=0.25),
+        Variant("trace: replay last 8 steps", "trace", replay=8),
+        Variant("trace: predictor lr 0.01", "trace", lr=0.01),
+        Variant("grpo: predictor lr 0.01", "grpo", lr=0.01),
+    ]
+    if not quick:
+        diag += [Variant("trace: explore 50%", "trace", explore=0.5),
+                 Variant("trace: predictor 10 Adam steps", "trace", fit_steps=10),
+                 Variant("trace: predictor lr 0.01 + explore 25%", "trace", lr=0.01, explore=0.25)]
+        diag += [Variant(f"{n}: predictor lr 0.01", n, lr=0.01) for n in ("pcl", "uniform_active", "active_uniform")]
+        diag += [Variant(f"{n} (root groups of 2)", n, group_size=2)
+                 for n in ("uniform_uniform", "uniform_active", "active_uniform")]
+    return main, diag
+
+
+def _allocator(v: Variant) -> StagedAllocator:
+    base = make_allocator(v.allocator, group_size=v.group_size)
+    if v.explore:
+        return ExploringAllocator(base.name, base.roots, base.prefixes, base.oracle, base.group_size, base.cap,
+                                  explore=v.explore)
+    return base
+
+
+def _predictor(v: Variant, tasks: Sequence[Task]) -> Any:
+    if v.predictor == "hint":
+        return HintPredictor()
+    if v.predictor in ("exact_roots", "exact_prefixes"):
+        return StagePredictor(FeaturePredictor(lr=v.lr, steps=v.fit_steps), tasks, v.predictor == "exact_roots",
+                              v.predictor == "exact_prefixes")
+    learned = FeaturePredictor(lr=v.lr, steps=v.fit_steps)
+    return ReplayPredictor(learned, v.replay) if v.replay else learned
+
+
+def run_variant(v: Variant, seed: int, cfg: dict[str, int]) -> list[dict[str, float]]:
+    """One seed of one variant: per-step metrics (run_simulation's loop, plus the diagnostics' extras)."""
+    tasks = make_tasks(cfg["tasks"], horizon=cfg["horizon"], seed=seed)
+    allocator, predictor = _allocator(v), _predictor(v, tasks)
+    budget = StepBudget(cfg["roots"], cfg["multiplier"])
+    grpo = make_allocator("grpo")
+    rng = np.random.default_rng(10_000 + seed)
+    rows = []
+    for _ in range(cfg["steps"]):
+        pool = [tasks[i] for i in rng.choice(len(tasks), size=cfg["pool"], replace=False)]
+        m = simulate_step(allocator, predictor, pool, budget, rng).metrics
+        row = {k: float(m.get(key, float("nan"))) for k, key in METRICS.items() if key}
+        row["mixed_prompts"] = row["effective_ratio"] * row["prompts"]
+        rows.append(row)
+        if v.free_uniform_fit:
+            simulate_step(grpo, predictor, pool, budget, rng)  # fits the predictor on uniform prompts
+    return rows
+
+
+def summarise(runs: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """Per metric: mean ± 95% CI over seeds of each seed's mean over the second half of its steps."""
+    out: dict[str, Any] = {}
+    for k in METRICS:
+        per_seed = [float(np.nanmean([r[k] for r in rows[len(rows) // 2:]])) for rows in runs]
+        out[k] = mean_ci(per_seed)
+    out["curve"] = [float(np.mean([rows[s]["effective_ratio"] for rows in runs])) for s in range(len(runs[0]))]
+    return out
+
+
+def _job(args: tuple[Variant, int, dict[str, int]]) -> tuple[str, int, list[dict[str, float]]]:
+    v, seed, cfg = args
+    return v.label, seed, run_variant(v, seed, cfg)
+
+
+def simulate(quick: bool, seeds: int, steps: int, workers: int, tasks: int = 512, pool: int = 128,
+             roots: int = 32, multiplier: int = 3, horizon: int = 4, diagnostics: bool = True) -> dict[str, Any]:
+    """Every variant × seed; returns the summary (main allocators and diagnostics) with the settings."""
+    cfg = {"tasks": tasks, "pool": pool, "roots": roots, "multiplier": multiplier, "horizon": horizon,
+           "steps": steps}
+    main, diag = variants(quick)
+    todo = main + (diag if diagnostics else [])
+    jobs = [(v, s, cfg) for v in todo for s in range(seeds)]
+    results: dict[str, list[list[dict[str, float]]]] = {v.label: [] for v in todo}
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as ex:
+            done = list(ex.map(_job, jobs, chunksize=1))
+    else:
+        done = [_job(j) for j in jobs]
+    for label, _, rows in sorted(done, key=lambda d: d[1]):
+        results[label].append(rows)
+    summary = {v.label: {"variant": v.__dict__, **summarise(results[v.label])} for v in todo}
+    return {"settings": {**cfg, "seeds": seeds, "budget_per_step": roots * (1 + multiplier)},
+            "allocators": {v.label: summary[v.label] for v in main},
+            "diagnostics": {v.label: summary[v.label] for v in todo if v not in main}}
+
+
+def print_table(title: str, rows: dict[str, Any]) -> None:
+    cols = ["effective_ratio", "effective_ratio_sample", "mixed_prompts", "pairs_per_trajectory",
+            "pairs_per_1k_tokens", "tokens", "brier_true"]
+    print(f"\n{title}")
+    print(f"{'':34s}" + "".join(f"{c[:22]:>24s}" for c in cols))
+    for label, r in rows.items():
+        print(f"{label:34s}" + "".join(f"{fmt(r[c], 1 if c in ('tokens', 'pairs_per_1k_tokens') else 3):>24s}"
+                                        for c in cols))
+
+
+def plot(sim: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    rows = {**sim["allocators"], **sim["diagnostics"]}
+    labels = list(rows)
+    y = np.arange(len(labels))
+    for k, (key, color) in enumerate((("effective_ratio", "tab:blue"), ("effective_ratio_sample", "tab:orange"))):
+        means = [rows[lab][key]["mean"] for lab in labels]
+        errs = [np.nan_to_num(rows[lab][key]["ci95"]) for lab in labels]
+        ax1.barh(y + (k - 0.5) * 0.4, means, 0.4, xerr=errs, color=color, label=key.replace("_", " "))
+    ax1.set_yticks(y, labels, fontsize=7)
+    ax1.invert_yaxis()
+    ax1.set_xlim(0, 1)
+    ax1.set_xlabel("effective ratio (mean, 95% CI over seeds)")
+    ax1.legend(fontsize=7, loc="lower right")
+    s = sim["settings"]
+    ax1.set_title(f"simulation, {s['budget_per_step']} trajectories/step, {s['seeds']} seeds", fontsize=9)
+    for lab in ("grpo", "treepo", "trace", "oracle", "trace: + free uniform fit", "trace: explore 25%",
+                "trace: text-posterior predictor"):
+        if lab in rows:
+            ax2.plot(rows[lab]["curve"], label=lab)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("effective ratio (mean over seeds)")
+    ax2.set_ylim(0, 1.02)
+    ax2.legend(fontsize=7)
+    ax2.set_title("warm-up of the learned predictor", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 seeds x 16 steps, fewer diagnostics (~2 min)")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-diagnostics", action="store_true")
+    parser.add_argument("--tasks", type=int, default=512, help="tasks the pools are drawn from")
+    parser.add_argument("--pool", type=int, default=128, help="candidate prompts per step")
+    parser.add_argument("--out", default=None, help="result name (default allocation or allocation_quick)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    seeds = args.seeds or (3 if args.quick else 10)
+    steps = args.steps or (16 if args.quick else 40)
+    start = time.perf_counter()
+    sim = simulate(args.quick, seeds, steps, args.workers, tasks=args.tasks, pool=args.pool,
+                   diagnostics=not args.no_diagnostics)
+    name = args.out or ("allocation_quick" if args.quick else "allocation")
+    print_table("simulation: allocators at equal budget", sim["allocators"])
+    if sim["diagnostics"]:
+        print_table("simulation: diagnostics (one change each)", sim["diagnostics"])
+    payload = {"machine": machine(), "seconds": time.perf_counter() - start, "simulation": sim}
+    path = write_json(name, payload, args.results_dir)
+    png = args.results_dir / f"{name}_sim.png"
+    plot(sim, png)
+    print(f"\nwrote {path} and {png} in {payload['seconds']:.0f} s")
+    if not args.quick and args.results_dir == RESULTS:
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        (DOCS_IMG / "allocation_sim.png").write_bytes(png.read_bytes())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The simulation benchmark's quick path on tiny settings: its JSON shape and the oracle >= trace >= grpo order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "allocation.py"
+pytestmark = pytest.mark.slow  # ~12 s of CPU, more on a shared machine
+
+ALLOCATORS = ("trace", "grpo", "pcl", "treepo", "uniform_uniform", "uniform_active", "active_uniform",
+              "active_active", "oracle")
+STATS = ("effective_ratio", "effective_ratio_sample", "mixed_prompts", "pairs_per_trajectory",
+         "pairs_per_1k_tokens", "tokens", "trajectories", "brier_true")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench")
+    subprocess.run([sys.executable, str(SCRIPT), "--quick", "--seeds", "3", "--steps", "8", "--tasks", "256",
+                    "--pool", "64", "--workers", "1", "--no-diagnostics", "--results-dir", str(out), "--out", "t"],
+                   check=True, capture_output=True, text=True, timeout=600)
+    assert (out / "t_sim.png").stat().st_size > 0
+    return json.loads((out / "t.json").read_text())
+
+
+def test_every_allocator_reports_every_statistic_with_an_interval(result: dict) -> None:
+    rows = result["simulation"]["allocators"]
+    assert set(rows) == set(ALLOCATORS)
+    for name in ALLOCATORS:
+        for stat in STATS:
+            assert rows[name][stat]["n"] == 3, (name, stat)
+            assert rows[name][stat]["ci95"] is not None and rows[name][stat]["ci95"] >= 0, (name, stat)
+        assert len(rows[name]["curve"]) == 8
+
+
+def test_every_allocator_spends_the_same_trajectory_budget(result: dict) -> None:
+    budget = result["simulation"]["settings"]["budget_per_step"]
+    for name, row in result["simulation"]["allocators"].items():
+        assert row["trajectories"]["mean"] == budget, name
+
+
+def test_oracle_beats_trace_beats_grpo_on_effective_ratio(result: dict) -> None:
+    rows = result["simulation"]["allocators"]
+    eff = {name: rows[name]["effective_ratio"]["mean"] for name in ("oracle", "trace", "grpo")}
+    assert eff["oracle"] >= eff["trace"] >= eff["grpo"], eff
