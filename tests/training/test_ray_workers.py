@@ -122,3 +122,46 @@ def test_worker_killed_mid_step_reruns_its_work_elsewhere(ray_cluster, in_proces
         leaves = [n for n in tree["nodes"] if n["terminated"] or n["truncated"]]
         assert len(leaves) == root_counts()[tid] + sum(k for (t, _), k in continued.items() if t == tid)
     assert trees == in_process[0]
+
+
+def test_adopted_tree_continues_exactly_with_token_records():
+    """The recovery path without Ray: a tree exported by one worker and adopted by another (open nodes restored
+    from replay snapshots, token records rebuilt from the tree) continues exactly as in one collector."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import Qwen3ForCausalLM
+
+    from trace_gym.agents.hf import HFPolicy
+    from trace_gym.agents.tiny import build_config, build_tokenizer
+    from trace_gym.training.ray_workers import _WorkerCollector
+
+    from .parity_env import ParityEnv
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    policy = HFPolicy(Qwen3ForCausalLM(build_config(tok, "nano")).eval(), tok)
+    make_env, env_tasks = ParityEnv, ParityEnv().tasks
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
+    roots = {t.id: m for t, m in zip(env_tasks, (3, 2))}
+
+    ref = TreeCollector(policy, make_env, env_tasks, sampling, tok, workers=1)
+    ref.begin_step()
+    ref.bare_rollouts(roots, BARE_SEED)
+    counts = continuation_counts(ref.trees)
+    ref.continuations(counts, CONT_SEED)
+    want = {tid: t.to_dict() for tid, t in ref.trees.items()}
+
+    first, second = (_WorkerCollector(policy, make_env, env_tasks, sampling, tok, workers=1) for _ in range(2))
+    bare = [(tid, 0, i) for i, tid in enumerate(t for t, m in roots.items() for _ in range(m))]
+    first.run(list(roots), bare, BARE_SEED)
+    trees, root_snaps = first.export(list(roots))
+    starts = [(tid, node, i) for i, (tid, node) in enumerate((t, n) for (t, n), k in counts.items() for _ in range(k))]
+    for tid in roots:
+        tree = RolloutTree.from_dict(trees[tid].to_dict())  # a copy, as if shipped from another process
+        second.adopt(tree, root_snaps[tid], [n for t, n, _ in starts if t == tid])
+    second.run([], starts, CONT_SEED)
+    got = {tid: second._trees[tid].wrapper.tree.to_dict() for tid in roots}
+    for c in (ref, first, second):
+        c.close()
+    assert any(n["token_ids"] for t in got.values() for n in t["nodes"][1:])  # token records were kept
+    assert got == want
