@@ -376,14 +376,30 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config (or start from defaults when `path` is None) and apply ``key=value`` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"expected a config file, got {str(p)!r} (not found); fix: see configs/*.yaml")
-        loaded = yaml.safe_load(p.read_text())
-        data = loaded if isinstance(loaded, dict) else {}
+    data = _read_yaml(Path(path), ()) if path is not None else {}
     return TrainConfig.from_dict(apply_overrides(data, overrides))
+
+
+def _read_yaml(p: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """A YAML config; a top-level ``base: other.yaml`` (relative to this file) is loaded first and deep-merged."""
+    if not p.is_file():
+        raise ConfigError(f"expected a config file, got {str(p)!r} (not found); fix: see configs/*.yaml")
+    if p.resolve() in seen:
+        raise ConfigError(f"expected acyclic 'base:' references, got a cycle through {str(p)!r}")
+    loaded = yaml.safe_load(p.read_text())
+    data = loaded if isinstance(loaded, dict) else {}
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    return _merge(_read_yaml(p.parent / str(base), (*seen, p.resolve())), data)
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) \
+            else value
+    return out
 
 
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:

@@ -1,0 +1,60 @@
+"""Configs: YAML + dotted overrides load into typed dataclasses; every invalid value names its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trace_gym.errors import ConfigError
+from trace_gym.training.config import TrainConfig, dump_config, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_overrides_set_nested_values_parsed_as_yaml():
+    cfg = load_config(None, ["optim.lr=1e-4", "alloc.allocator=grpo", "env.kwargs={split: dev}", "steps=3",
+                             "log.tensorboard=true"])
+    assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.alloc.allocator == "grpo" and cfg.env.kwargs == {"split": "dev"} and cfg.steps == 3
+    assert cfg.log.tensorboard is True
+
+
+def test_yaml_exponent_without_dot_is_a_float(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1e-6\n")  # PyYAML reads this as the string '1e-6'
+    assert load_config(path).optim.lr == 1e-6
+
+
+def test_dump_and_load_round_trip(tmp_path):
+    cfg = load_config(None, ["alloc.roots=16", "optim.betas=[0.9,0.95]", "env.eval_kwargs={task_seed: 1}"])
+    dump_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+@pytest.mark.parametrize(("overrides", "fix"), [
+    (["optim.lrr=1"], "fix: use one of"),
+    (["alloc.allocator=best"], "fix: alloc.allocator=trace"),
+    (["optim.micro_batch=16", "optim.mini_batch=8"], "fix: optim.micro_batch"),
+    (["alloc.pool_size=2", "alloc.roots=64", "alloc.cap=4"], "fix: raise alloc.pool_size"),
+    (["rollout.max_context=64", "rollout.max_new_tokens=64"], "fix: raise rollout.max_context"),
+    (["optim.advantage=ppo"], "fix: optim.advantage=tree_grpo"),
+    (["steps=ten"], "fix: steps=100"),
+    (["env.snapshot=fork"], "fix: env.snapshot=native"),
+    (["optim.lr"], "fix: e.g. optim.lr=1e-4"),
+])
+def test_invalid_values_raise_with_the_fix(overrides, fix):
+    with pytest.raises(ConfigError, match="fix") as err:
+        load_config(None, overrides)
+    assert fix in str(err.value)
+
+
+def test_missing_config_file_names_the_configs_folder(tmp_path):
+    with pytest.raises(ConfigError, match="configs/"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_validate(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, TrainConfig) and cfg.steps >= 1
