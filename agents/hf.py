@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from trace_gym.agents.chat import encode, end_of_turn_ids, render_prompt
 from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
-
 from trace_gym.errors import ConfigError
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
+
 from trace_gym.agents.chat import Conversation
 from trace_gym.agents.policy import Policy, Request, SamplingParams, sample_seed
 

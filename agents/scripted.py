@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from trace_gym.agents.chat import encode
 from trace_gym.agents.policy import Generation, Request, SamplingParams
-
 from trace_gym.errors import ConfigError
 from trace_gym.experts import Expert
 

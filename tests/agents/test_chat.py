@@ -7,11 +7,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import trace_gym  # noqa: F401 - registers the trace/* ids
 from trace_gym.agents.chat import Conversation, encode, tokenize_episode
 from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.agents.policy import Request, SamplingParams
-
-import trace_gym  # noqa: F401 - registers the trace/* ids
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from trace_gym.agents.hf import HFPolicy, sequence_logprobs
 from trace_gym.agents.policy import Policy, Request, SamplingParams
-
 from trace_gym.errors import ConfigError
 
 MSGS = [{"role": "system", "content": "Use <python>code</python>."}, {"role": "user", "content": "What is 2+3?"}]

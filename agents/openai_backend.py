@@ -1,0 +1,123 @@
+"""OpenAI-compatible HTTP backend (a `vllm serve` or SGLang server the user runs), standard library only.
+
+Token-id prompts (and message prompts when a local tokenizer is given) go to `/v1/completions` with the ids
+as the prompt; message prompts otherwise go to `/v1/chat/completions` with the tool schemas. With
+`server="vllm"` the request asks for `return_tokens_as_token_ids`, so generations carry exact token ids, and
+passes vLLM's extra sampling fields (top_k, min_tokens, include_stop_str_in_output). Each (request, sample)
+pair is one HTTP call with its own seed, run `concurrency` at a time; transient failures (connection errors,
+timeouts, 408/429/5xx) are retried with exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+from trace_gym.agents.chat import encode, render_prompt
+from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
+from trace_gym.errors import ConfigError, TraceGymError
+
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class ServerError(TraceGymError):
+    """The server kept failing (or refused the request) after all retries."""
+
+
+class OpenAIPolicy:
+    """`Policy` over an OpenAI-compatible server at `base_url` (e.g. "http://127.0.0.1:8000/v1")."""
+
+    def __init__(self, base_url: str, model: str, tokenizer=None, api_key: str | None = None,
+                 server: Literal["vllm", "openai"] = "vllm", timeout: float = 120.0, max_retries: int = 5,
+                 backoff: float = 0.5, concurrency: int = 16):
+        if concurrency < 1 or max_retries < 0 or timeout <= 0:
+            raise ConfigError(f"expected concurrency >= 1, max_retries >= 0, timeout > 0, got {concurrency}, "
+                              f"{max_retries}, {timeout}")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.api_key = api_key
+        self.server = server
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.concurrency = concurrency
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        keys = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, max(len(keys), 1))) as pool:
+            return list(pool.map(lambda key: self._one(requests[key[0]], sampling, *key), keys))
+
+    def _one(self, req: Request, sampling: SamplingParams, i: int, j: int) -> Generation:
+        body: dict[str, Any] = {"model": self.model, "n": 1, "temperature": sampling.temperature,
+                                "top_p": sampling.top_p, "max_tokens": sampling.max_new_tokens}
+        seed = row_seed(req, sampling, i, j)
+        if seed is not None:
+            body["seed"] = seed % (2**31)
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        if self.server == "vllm":
+            body.update(top_k=sampling.top_k or -1, min_tokens=sampling.min_new_tokens,
+                        include_stop_str_in_output=sampling.include_stop_str_in_output,
+                        return_tokens_as_token_ids=True, skip_special_tokens=True)
+        prompt_ids = list(req.prompt_ids) if req.prompt_ids is not None else None
+        if prompt_ids is None and self.tokenizer is not None:
+            prompt_ids = encode(self.tokenizer, render_prompt(self.tokenizer, req.messages or [], req.tools))
+        if prompt_ids is not None:
+            body.update(prompt=prompt_ids, logprobs=1)
+            choice = self._post("/completions", body)["choices"][0]
+            lp = choice.get("logprobs") or {}
+            tokens, logps = lp.get("tokens") or [], lp.get("token_logprobs") or []
+            text = choice.get("text") or ""
+        else:
+            body.update(messages=[dict(m) for m in req.messages or []], logprobs=True, top_logprobs=0)
+            if req.tools:
+                body["tools"] = [dict(t) for t in req.tools]
+            choice = self._post("/chat/completions", body)["choices"][0]
+            content = (choice.get("logprobs") or {}).get("content") or []
+            tokens, logps = [c["token"] for c in content], [c["logprob"] for c in content]
+            text = (choice.get("message") or {}).get("content") or ""
+        ids = [_token_id(t) for t in tokens]
+        return Generation(text=text, token_ids=[t for t in ids if t is not None] if all(
+            t is not None for t in ids) else [], logprobs=[float(x) for x in logps if x is not None],
+            finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+            prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0, prompt_ids=prompt_ids or [],
+            request_index=i, sample_index=j)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
+            try:
+                req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method="POST")
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"
+                if exc.code not in RETRY_STATUS:
+                    break
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+        raise ServerError(f"expected a response from {self.base_url + path}, got {last}; fix: check that the "
+                          "server is up and serves this model")
+
+
+def _token_id(token: str) -> int | None:
+    """vLLM's `return_tokens_as_token_ids` renders each token as "token_id:<id>"."""
+    if token.startswith("token_id:"):
+        try:
+            return int(token[len("token_id:"):])
+        except ValueError:
+            return None
+    return None

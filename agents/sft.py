@@ -1,0 +1,238 @@
+"""Supervised warm start: fine-tune on scripted-expert episodes, assistant tokens only, then evaluate.
+
+Deviations from common SFT recipes, and why:
+1. Loss is the mean over all assistant tokens of the batch (token-level), the same normalisation as the RL
+   loss, so that long episodes are not down-weighted.
+2. Training stops on a step count, never on wall time (MEASURED.md: the tiny model learns to copy tool output
+   between steps 250 and 400, so time-based stopping gives machine-dependent models).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from trace_gym.agents.chat import Conversation, tokenize_episode
+from trace_gym.agents.policy import SamplingParams
+from trace_gym.agents.rollout import Episode, play_episodes, success_rate
+from trace_gym.agents.scripted import ExpertPolicy
+from trace_gym.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning settings; defaults suit the tiny model on Arithmetic (MEASURED.md)."""
+
+    steps: int = 400
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Episodes per step."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate (linear warmup, cosine decay to 10%)."""
+    warmup_steps: int = 20
+    """Linear warmup length."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Max gradient norm."""
+    max_length: int = 2048
+    """Episodes longer than this many tokens are dropped."""
+    seed: int = 0
+    """Seed of batch sampling."""
+    log_every: int = 10
+    """Steps between loss log lines."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ConfigError(f"expected steps >= 1 and batch_size >= 1, got {self.steps}, {self.batch_size}")
+        if self.lr <= 0:
+            raise ConfigError(f"expected lr > 0, got {self.lr}")
+
+
+@dataclass
+class SFTResult:
+    losses: list[float]
+    """Mean assistant-token loss per step."""
+    out_dir: Path
+    sequences: int
+    """Training sequences used (after length filtering)."""
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+
+def to_sequences(tokenizer, episodes: Sequence[Sequence[Mapping[str, Any]] | Conversation],
+                 max_length: int) -> list[tuple[list[int], list[bool]]]:
+    """Episodes (message lists or recorded conversations) -> (ids, trainable mask) pairs."""
+    out = []
+    for ep in episodes:
+        conv = ep if isinstance(ep, Conversation) else tokenize_episode(tokenizer, ep)
+        if len(conv.ids) <= max_length:
+            out.append((conv.ids, conv.action_mask()))
+    return out
+
+
+def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss over positions whose target is trainable. (B, T) right-padded tensors."""
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    target = ids[:, 1:]
+    weight = mask[:, 1:].float()
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                            reduction="none").view_as(weight)
+    return (nll * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def _batch(seqs: list[tuple[list[int], list[bool]]], pad: int) -> tuple[torch.Tensor, ...]:
+    width = max(len(ids) for ids, _ in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, (s, m) in enumerate(seqs):  # right padding: positions start at 0 for every row
+        ids[r, :len(s)] = torch.tensor(s)
+        mask[r, :len(m)] = torch.tensor(m)
+        att[r, :len(s)] = 1
+    return ids, mask, att
+
+
+def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | Conversation],
+        out_dir: str | Path | None = None, config: SFTConfig | None = None, progress: bool = True,
+        on_step: Callable[[int, float], None] | None = None) -> SFTResult:
+    """Fine-tune the model in `model_dir` on `episodes`, training only assistant tokens; save to `out_dir`
+    (default: `model_dir`, in place) with a `sft_log.jsonl` of the losses."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = config or SFTConfig()
+    out = Path(out_dir or model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    seqs = to_sequences(tokenizer, episodes, config.max_length)
+    if not seqs:
+        raise ConfigError(f"expected episodes of at most {config.max_length} tokens, got none; "
+                          "fix: raise max_length or collect shorter episodes")
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, config))
+    gen = torch.Generator().manual_seed(config.seed)
+    model.train()
+    losses: list[float] = []
+    log: list[dict[str, Any]] = []
+    with _progress(progress, config.steps) as advance:
+        for step in range(config.steps):
+            idx = torch.randint(len(seqs), (config.batch_size,), generator=gen).tolist()
+            ids, mask, att = _batch([seqs[i] for i in idx], tokenizer.pad_token_id)
+            loss = masked_lm_loss(model, ids, mask, att)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            opt.step()
+            sched.step()
+            losses.append(float(loss))
+            if on_step is not None:
+                on_step(step, losses[-1])
+            if step % config.log_every == 0 or step == config.steps - 1:
+                log.append({"step": step, "loss": losses[-1], "lr": sched.get_last_lr()[0]})
+            advance(losses[-1])
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    with open(out / "sft_log.jsonl", "w") as f:
+        f.write(json.dumps({"config": asdict(config), "sequences": len(seqs)}) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in log)
+    return SFTResult(losses, out, len(seqs), log)
+
+
+def _lr_factor(step: int, config: SFTConfig) -> float:
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    frac = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+
+
+class _progress:
+    """A rich progress bar with the running loss, or nothing."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self) -> Callable[[float], None]:
+        if not self.enabled:
+            return lambda loss: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("sft"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn())
+        self.bar.start()
+        task = self.bar.add_task("sft", total=self.total, loss=float("nan"))
+        return lambda loss: self.bar.update(task, advance=1, loss=loss)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def _task_count(make_env: Callable[[], gym.Env]) -> int:
+    env = make_env()
+    try:
+        return len(env.unwrapped.tasks)
+    finally:
+        env.close()
+
+
+def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: float = 0.0, seed: int = 0,
+                            only_successful: bool = True, holdout: int = 0) -> list[list[dict[str, Any]]]:
+    """Message lists of `n` episodes played by the env's scripted expert (`env.expert(noise, seed)`) on the
+    env's tasks in order from index `seed`, cycling, never touching the last `holdout` tasks (kept for
+    `evaluate`); failed episodes are dropped when `only_successful`."""
+    probe = make_env()
+    try:
+        expert = probe.unwrapped.expert(noise=noise, seed=seed)
+        count = len(probe.unwrapped.tasks) - holdout
+    finally:
+        probe.close()
+    if count < 1:
+        raise ConfigError(f"expected holdout below the env's task count, got holdout={holdout}")
+    resets = [{"options": {"index": (seed + i) % count}} for i in range(n)]
+    eps = play_episodes(ExpertPolicy(expert), make_env, resets, SamplingParams())
+    return [ep.messages for ep in eps if ep.reward > 0 or not only_successful]
+
+
+def evaluate(policy, make_env: Callable[[], gym.Env], n: int = 100, sampling: SamplingParams | None = None,
+             **kwargs: Any) -> tuple[float, list[Episode]]:
+    """Success rate of `policy` on the env's last `n` tasks (the `holdout` of `collect_expert_episodes`),
+    and the episodes. Greedy with 64 new tokens per turn by default."""
+    sampling = sampling or SamplingParams(temperature=0.0, max_new_tokens=64)
+    total = _task_count(make_env)
+    resets = [{"options": {"index": total - 1 - i}} for i in range(min(n, total))]
+    eps = play_episodes(policy, make_env, resets, sampling, **kwargs)
+    return success_rate(eps), eps
+
+
+def sft_env(model_dir: str | Path, env_id: str, episodes: int = 2000, out_dir: str | Path | None = None,
+            config: SFTConfig | None = None, eval_episodes: int = 100, noise: float = 0.0,
+            env_kwargs: Mapping[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
+    """`trace-gym sft --model DIR --env ID --episodes N`: collect expert episodes, fine-tune, evaluate on
+    held-out tasks before and after. Returns a JSON-ready summary (also written to `sft_summary.json`)."""
+    import trace_gym  # noqa: F401 - registers the trace/* ids
+    from trace_gym.agents.hf import HFPolicy
+
+    def make_env() -> gym.Env:
+        return gym.make(env_id, **dict(env_kwargs or {}))
+
+    data = collect_expert_episodes(make_env, episodes, noise=noise, holdout=eval_episodes)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=64)
+    before, _ = evaluate(HFPolicy.from_pretrained(model_dir), make_env, eval_episodes, sampling=greedy)
+    result = sft(model_dir, data, out_dir, config, progress=progress)
+    policy = HFPolicy.from_pretrained(result.out_dir)
+    after, _ = evaluate(policy, make_env, eval_episodes, sampling=greedy)
+    sampled, _ = evaluate(policy, make_env, eval_episodes, sampling=SamplingParams(max_new_tokens=64, seed=0))
+    summary = {"env": env_id, "expert_episodes": len(data), "sequences": result.sequences,
+               "steps": len(result.losses), "loss_first": result.losses[0], "loss_last": result.losses[-1],
+               "success_before_greedy": before, "success_after_greedy": after, "success_after_t1": sampled,
+               "out_dir": str(result.out_dir)}
+    (result.out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,118 @@
+"""vLLM backend: the offline `LLM` engine with automatic prefix caching, and weight updates from the trainer.
+
+Deviations from a plain `LLM.generate` wrapper, and why:
+1. Every (request, sample) pair is its own engine request with its own seed (`policy.row_seed`), so results
+   do not depend on batch composition; identical prompts still share their KV blocks through prefix caching.
+2. `logprobs_mode="processed_logprobs"`: the logprob after temperature, which is the `policy.py` convention
+   exactly when top_k=0 and top_p=1 (the RL default). With top-k/top-p on, vLLM reports the logprob under the
+   truncated, renormalised distribution instead.
+3. Weights travel to the engine's workers through a worker extension (`WeightSync`), tensors as RPC
+   arguments; the prefix cache is reset after each update because its blocks hold the old weights' keys.
+
+Create engines under `if __name__ == "__main__":` in scripts: the engine core starts with spawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trace_gym.agents.chat import encode, end_of_turn_ids, render_prompt
+from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
+
+
+class WeightSync:
+    """vLLM worker extension (mixed into each worker): load named tensors into the served model."""
+
+    def trace_gym_load_weights(self, names: list[str], tensors: list[Any]) -> int:
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        model.load_weights(weights=list(zip(names, tensors)))
+        return len(names)
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0
+    """Prompt tokens looked up in the prefix cache."""
+    hits: int = 0
+    """Of which found cached."""
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class VLLMPolicy:
+    """`Policy` over a `vllm.LLM` engine; `from_pretrained` builds one for a local model folder."""
+
+    def __init__(self, llm, tokenizer=None):
+        self.llm = llm
+        self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
+        self.stop_ids = sorted(end_of_turn_ids(self.tokenizer))
+        self.last_prefix_cache = PrefixCacheStats()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str = "auto", max_model_len: int = 4096,
+                        gpu_memory_utilization: float = 0.5, enforce_eager: bool = False, seed: int = 0,
+                        **kwargs: Any) -> VLLMPolicy:
+        from vllm import LLM
+
+        llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enable_prefix_caching=True,
+                  gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, seed=seed,
+                  logprobs_mode="processed_logprobs",
+                  worker_extension_cls=f"{WeightSync.__module__}.{WeightSync.__qualname__}", **kwargs)
+        return cls(llm)
+
+    def prompt_ids(self, request: Request) -> list[int]:
+        if request.prompt_ids is not None:
+            return [int(t) for t in request.prompt_ids]
+        return encode(self.tokenizer, render_prompt(self.tokenizer, request.messages or [], request.tools))
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        from vllm import SamplingParams as VSampling
+        from vllm.inputs import TokensPrompt
+
+        prompts = [self.prompt_ids(r) for r in requests]
+        keys = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
+        params = []
+        for i, j in keys:
+            seed = row_seed(requests[i], sampling, i, j)
+            params.append(VSampling(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or -1,
+                max_tokens=sampling.max_new_tokens, min_tokens=sampling.min_new_tokens, stop=list(sampling.stop),
+                stop_token_ids=self.stop_ids, include_stop_str_in_output=sampling.include_stop_str_in_output,
+                seed=None if seed is None else seed % (2**63), logprobs=0, skip_special_tokens=True))
+        before = self.prefix_cache_stats()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i, _ in keys], params,
+                                 use_tqdm=False)
+        after = self.prefix_cache_stats()
+        self.last_prefix_cache = PrefixCacheStats(after.queries - before.queries, after.hits - before.hits)
+        gens = []
+        for (i, j), out in zip(keys, outs):
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            logps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+            gens.append(Generation(text=c.text, token_ids=ids, logprobs=logps,
+                                   finish_reason="length" if c.finish_reason == "length" else "stop",
+                                   prompt_tokens=len(prompts[i]), prompt_ids=prompts[i], request_index=i,
+                                   sample_index=j))
+        return gens
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Load new weights (HF parameter names, as `model.state_dict()` gives them) into every worker."""
+        names = list(state_dict)
+        tensors = [state_dict[n].detach().to("cpu").contiguous() for n in names]
+        self.llm.collective_rpc("trace_gym_load_weights", args=(names, tensors))
+        self.llm.reset_prefix_cache()
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache queries and hits (tokens) since the engine started."""
+        stats = PrefixCacheStats()
+        for metric in self.llm.get_metrics():
+            if metric.name == "vllm:prefix_cache_queries":
+                stats.queries += int(metric.value)
+            elif metric.name == "vllm:prefix_cache_hits":
+                stats.hits += int(metric.value)
+        return stats
