@@ -1,8 +1,8 @@
 """Data-parallel policy update with torch.distributed: DDP or FSDP2 (``fully_shard``), LoRA through peft,
 gradient checkpointing, and full weights gathered on rank 0 for pushing to generation engines.
 
-The same code runs on CPU (gloo, the tests use 2 processes) and on GPUs (NCCL, launched by ``torchrun`` or by
-``spawn``). Choices:
+The same code runs on CPU (gloo, the tests use 2 processes) and on GPUs (NCCL), launched by ``torchrun``, by
+``spawn`` (one machine) or by ``ray_run`` (Ray actors on any nodes of a cluster). Choices:
 1. Every rank trains on its own rows; the loss is divided by the trained tokens of the whole step
    (all-reduced) and multiplied by the world size, because DDP and FSDP2 average gradients over ranks. The
    update therefore equals the single-process update on all rows (token-level normalisation, loss.py note 1).
@@ -142,6 +142,45 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | No
     backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size
                           else "gloo")
     mp.spawn(_spawned, args=(world_size, free_port(), backend, fn, args), nprocs=world_size, join=True)
+
+
+class _Rank:
+    """A Ray actor that joins a process group as one rank (see `ray_run`)."""
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def run(self, rank: int, world_size: int, master: tuple[str, int], backend: str, fn: Callable[..., Any],
+            args: tuple) -> Any:
+        # Ray gives each actor its own CUDA_VISIBLE_DEVICES, so the actor's GPU is always device 0.
+        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        init_from_env(backend)
+        try:
+            return fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+
+
+def ray_run(fn: Callable[..., Any], world_size: int, *args: Any, num_gpus_per_rank: float = 0.0,
+            num_cpus_per_rank: float = 1.0, backend: str | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` Ray actors joined in one process group (any nodes of
+    the connected cluster; rank 0's node hosts the rendezvous); returns the ranks' results in rank order."""
+    import ray
+
+    if world_size < 1:
+        raise ConfigError(f"expected world_size >= 1, got {world_size}")
+    backend = backend or ("nccl" if num_gpus_per_rank > 0 else "gloo")
+    actor = ray.remote(num_cpus=num_cpus_per_rank, num_gpus=num_gpus_per_rank)(_Rank)
+    ranks = [actor.remote() for _ in range(world_size)]
+    try:
+        master = ray.get(ranks[0].address.remote())
+        return ray.get([r.run.remote(i, world_size, master, backend, fn, args) for i, r in enumerate(ranks)])
+    finally:
+        for r in ranks:
+            ray.kill(r)
 
 
 # --------------------------------------------------------------------------------------------- model wrapping

@@ -1,5 +1,6 @@
-"""The data-parallel update (2 gloo processes: DDP, FSDP2, LoRA under FSDP2) equals the single-process update
-on the same rows; merged LoRA weights reproduce the adapter; gradient checkpointing does not change the step."""
+"""The data-parallel update (2 gloo processes: DDP, FSDP2, LoRA under FSDP2; and 2 Ray actors) equals the
+single-process update on the same rows; merged LoRA weights reproduce the adapter; gradient checkpointing does
+not change the step."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from trace_gym.training.distributed import (  # noqa: E402
     full_state_dict,
     policy_update,
     prepare_model,
+    ray_run,
     spawn,
     token_logprobs,
 )
@@ -139,3 +141,17 @@ def test_micro_batching_gives_the_same_update_as_one_pass():
     torch.manual_seed(1)
     policy_update(model, optimizer, batch, micro_batch=ROWS, clip_low=0.2, clip_high=0.28, grad_clip=1.0)
     _assert_same_update(copy.deepcopy(model.state_dict()), _single()[1])
+
+
+def _ddp_rank(rank: int, world_size: int) -> dict | None:
+    model, _ = train_once(tiny_model(), make_batch().shard(rank, world_size), "ddp")
+    return full_state_dict(model)
+
+
+def test_update_launched_by_ray_equals_single_process(ray_cluster):
+    import sys
+
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import tests
+    first, second = ray_run(_ddp_rank, 2)
+    assert second is None
+    _assert_same_update(first, _single()[1])
