@@ -165,3 +165,63 @@ def test_adopted_tree_continues_exactly_with_token_records():
         c.close()
     assert any(n["token_ids"] for t in got.values() for n in t["nodes"][1:])  # token records were kept
     assert got == want
+
+
+def nano_policy(seed: int = 0):
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from trace_gym.agents.hf import HFPolicy
+    from trace_gym.agents.tiny import build_config, build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    return HFPolicy(Qwen3ForCausalLM(build_config(tok, "nano")).eval(), tok)
+
+
+def _same_trees(got: dict, want: dict) -> None:
+    """Equal trees; behaviour logprobs to float tolerance (thread counts change summation order)."""
+    assert list(got) == list(want)
+    for tid in want:
+        for a, b in zip(got[tid].nodes, want[tid].nodes, strict=True):
+            assert (a.action, a.token_ids, a.observation, a.parent, a.reward) == (b.action, b.token_ids,
+                                                                                 b.observation, b.parent, b.reward)
+            assert a.meta == b.meta
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_pushed_weights_reach_the_workers(ray_cluster):
+    """Ray trees of a model policy equal in-process ones, before and after `update_weights` with new weights."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+    from .parity_env import ParityEnv
+
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    policy = nano_policy()
+    env_tasks, tok = ParityEnv().tasks, policy.tokenizer
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
+    roots = {t.id: 2 for t in env_tasks[:4]}
+
+    def step(collector) -> dict:
+        collector.begin_step()
+        collector.bare_rollouts(roots, BARE_SEED)
+        collector.continuations({(tid, 0): 1 for tid in roots}, CONT_SEED)
+        return dict(collector.trees)
+
+    local = TreeCollector(policy, ParityEnv, env_tasks, sampling, tok, workers=1)
+    remote = RayTreeCollector(nano_policy, ParityEnv, env_tasks, sampling, tok,
+                              ray_config=RayConfig(workers=2, env_threads=1))
+    try:
+        before = step(local)
+        _same_trees(step(remote), before)
+        new = nano_policy(seed=1).model.state_dict()
+        policy.update_weights(new)
+        remote.update_weights(new)
+        after = step(local)
+        _same_trees(step(remote), after)
+    finally:
+        local.close()
+        remote.close()
+    assert [n.action for t in after.values() for n in t] != [n.action for t in before.values() for n in t]
