@@ -115,6 +115,16 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
     return world()
 
 
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` from rank ``src`` on every rank (e.g. the step's `UpdateBatch`, built by the rank that collected
+    the trees); returns ``obj`` unchanged without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -17,6 +17,7 @@ pytest.importorskip("peft")
 from trace_gym.training.distributed import (  # noqa: E402
     LoraSettings,
     UpdateBatch,
+    broadcast_object,
     full_state_dict,
     policy_update,
     prepare_model,
@@ -66,7 +67,7 @@ def train_once(model, batch: UpdateBatch, strategy: str = "single", lora: LoraSe
 
 def _ranks(rank: int, world_size: int, out: str) -> None:
     results = {}
-    batch = make_batch()
+    batch = broadcast_object(make_batch() if rank == 0 else None)  # rank 0 collected the rows
     for name, (strategy, lora) in SCENARIOS.items():
         model, stats = train_once(tiny_model(), batch.shard(rank, world_size), strategy, lora)
         results[name] = (full_state_dict(model), stats)
