@@ -246,6 +246,13 @@ class _Guard:
             raise PermissionError(f"blocked in the sandbox: {event} outside the working directory")
 
 
+def _reap_zombies() -> None:
+    """Collect children that exited while SIGCHLD was at its default disposition."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
 def _prctl_pdeathsig(sig: int) -> None:
     with contextlib.suppress(Exception):
         import ctypes
@@ -403,6 +410,11 @@ class _Runtime:
             if msg is None or msg.get("op") != "spawn" or not fds:
                 os._exit(0)
             pid = self._fork()
+            if pid != 0:
+                # _fork restored the default SIGCHLD disposition; a template or frozen snapshot must keep
+                # reaping, or every finished worker stays a zombie and counts against RLIMIT_NPROC.
+                signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+                _reap_zombies()
             if pid == 0:
                 sock.close()
                 channel = socket.socket(fileno=fds[0])

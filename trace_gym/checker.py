@@ -26,7 +26,8 @@ class ConformanceError(TraceGymError, AssertionError):
 
 
 def descendant_pids(pid: int | None = None) -> set[int]:
-    """Live (non-zombie) descendants of ``pid`` (default: this process), read from /proc."""
+    """Descendants of ``pid`` (default: this process), read from /proc. Zombies count: an unreaped child still
+    holds a pid and a slot of its user's process limit."""
     root = os.getpid() if pid is None else pid
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -37,8 +38,7 @@ def descendant_pids(pid: int | None = None) -> set[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] != "Z":
-            parents[int(entry.name)] = int(fields[1])
+        parents[int(entry.name)] = int(fields[1])
     found, frontier = set(), {root}
     while frontier:
         frontier = {p for p, pp in parents.items() if pp in frontier} - found

@@ -129,3 +129,13 @@ def _settled_count() -> int:
             return 0
         time.sleep(0.02)
     return len(sandbox_processes())
+
+
+def test_finished_workers_are_reaped_not_left_as_zombies() -> None:
+    # Each committed cell retires a worker; unreaped, they exhausted RLIMIT_NPROC after ~4000 cells.
+    for _ in range(3):
+        box = PythonSandbox(FAST)
+        for i in range(10):
+            box.run(f"x = {i}")
+        box.close()
+    assert _settled_count() == 0
