@@ -327,7 +327,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume: str | Path | None = None, console: Any = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # weight loading/saving bars would break the step progress bar
         self.cfg, self.console = cfg, console
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -365,6 +367,9 @@ class Trainer:
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
         self.stream = TaskStream(dataset_of(self.make_env), cfg.seed)
+        if cfg.alloc.pool_size > len(self.stream.tasks):
+            raise ConfigError(f"expected alloc.pool_size <= the {len(self.stream.tasks)} training prompts, got "
+                              f"{cfg.alloc.pool_size}; fix: alloc.pool_size={len(self.stream.tasks)} or more data")
         self.collector = TreeCollector(self.policy, self.make_env, self.stream.tasks, self.sampling, self.tokenizer,
                                        cfg.env.snapshot, cfg.env.workers, cfg.rollout.max_context)
         self.step_count = 0
