@@ -130,7 +130,7 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             opt.step()
             sched.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if on_step is not None:
                 on_step(step, losses[-1])
             if step % config.log_every == 0 or step == config.steps - 1:

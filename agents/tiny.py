@@ -27,10 +27,11 @@ TAG_TOKENS = (
 )
 """Single tokens that decode to their text (they are part of actions)."""
 
-# Model shapes. head_dim is set explicitly: Qwen3Config defaults it to 128 whatever the hidden size.
+# Model shapes. head_dim is set explicitly: Qwen3Config defaults it to 128 whatever the hidden size; vLLM's CPU
+# attention kernels need head_dim >= 32.
 SIZES: dict[str, dict[str, int]] = {
-    "nano": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, intermediate_size=192),
+    "nano": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                 head_dim=32, intermediate_size=192),
     "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=32, intermediate_size=384),
 }

@@ -61,7 +61,7 @@ class VLLMPolicy:
 
         llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enable_prefix_caching=True,
                   gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, seed=seed,
-                  logprobs_mode="processed_logprobs",
+                  logprobs_mode="processed_logprobs", disable_log_stats=False,
                   worker_extension_cls=f"{WeightSync.__module__}.{WeightSync.__qualname__}", **kwargs)
         return cls(llm)
 

@@ -29,21 +29,19 @@ def python(code: str) -> str:
 
 
 def make_tasks(split: str, n: int, digits: int) -> list[Task]:
-    rng = random.Random(f"{split}-{digits}")
-    tasks: dict[str, Task] = {}
-    while len(tasks) < n:
-        a, b, op = rng.randrange(10**digits), rng.randrange(10**digits), rng.choice(sorted(OPS))
-        tid = f"{a}{op}{b}"
-        if (split == "test") != (sum(map(ord, tid)) % 5 == 0) or tid in tasks:  # the two splits never share a task
-            continue
-        tasks[tid] = Task(id=tid, prompt=f"What is {a} {op} {b}?", answer=str(OPS[op](a, b)))
-    return list(tasks.values())
+    """Up to `n` tasks of the split; a task id is in "test" iff its character sum is divisible by 5."""
+    rng = random.Random(digits)
+    ids = [f"{a}{op}{b}" for a in range(10**digits) for b in range(10**digits) for op in sorted(OPS)]
+    rng.shuffle(ids)
+    chosen = [t for t in ids if (split == "test") == (sum(map(ord, t)) % 5 == 0)][:n]
+    return [Task(id=t, prompt=f"What is {t.replace('+', ' + ').replace('-', ' - ').replace('*', ' * ')}?",
+                 answer=python(t)) for t in chosen]
 
 
 class CalcEnv(ToolEnv):
     system_prompt = "Compute with the tool."
 
-    def __init__(self, split: str = "train", n: int = 400, digits: int = 1, max_turns: int = 3, **kw: Any):
+    def __init__(self, split: str = "train", n: int = 1000, digits: int = 1, max_turns: int = 3, **kw: Any):
         super().__init__(tasks=make_tasks(split, n, digits), max_turns=max_turns, parser=TagParser(), **kw)
 
     def tools(self) -> Sequence[Tool]:
