@@ -6,8 +6,9 @@ Deviations from a plain `LLM.generate` wrapper, and why:
 2. `logprobs_mode="processed_logprobs"`: the logprob after temperature, which is the `policy.py` convention
    exactly when top_k=0 and top_p=1 (the RL default). With top-k/top-p on, vLLM reports the logprob under the
    truncated, renormalised distribution instead.
-3. Weights travel to the engine's workers through a worker extension (`WeightSync`), tensors as RPC
-   arguments; the prefix cache is reset after each update because its blocks hold the old weights' keys.
+3. Weights travel to the engine's workers through a worker extension (`WeightSync`) as raw bytes (the RPC
+   layer cannot pickle tensor buffers), one host copy: fine on one node, not a multi-node path. The prefix
+   cache is reset after each update because its blocks hold the old weights' keys.
 
 Create engines under `if __name__ == "__main__":` in scripts: the engine core starts with spawn.
 """
@@ -26,10 +27,13 @@ from trace_gym.agents.policy import Generation, Request, SamplingParams, row_see
 class WeightSync:
     """vLLM worker extension (mixed into each worker): load named tensors into the served model."""
 
-    def trace_gym_load_weights(self, names: list[str], tensors: list[Any]) -> int:
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        model.load_weights(weights=list(zip(names, tensors)))
-        return len(names)
+    def trace_gym_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
+        import torch
+
+        weights = [(name, torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype))
+                    .reshape(shape)) for name, dtype, shape, raw in packed]
+        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        return len(weights)
 
 
 @dataclass
@@ -101,10 +105,15 @@ class VLLMPolicy:
         return gens
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        import torch
+
         """Load new weights (HF parameter names, as `model.state_dict()` gives them) into every worker."""
-        names = list(state_dict)
-        tensors = [state_dict[n].detach().to("cpu").contiguous() for n in names]
-        self.llm.collective_rpc("trace_gym_load_weights", args=(names, tensors))
+        packed = []
+        for name, value in state_dict.items():
+            t = value.detach().to("cpu").contiguous()
+            packed.append((name, str(t.dtype).removeprefix("torch."), list(t.shape),
+                           t.view(-1).view(torch.uint8).numpy().tobytes()))
+        self.llm.collective_rpc("trace_gym_load_weights", args=(packed,))
         self.llm.reset_prefix_cache()
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
