@@ -32,7 +32,16 @@ class WeightSync:
 
         weights = [(name, torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype))
                     .reshape(shape)) for name, dtype, shape, raw in packed]
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]
+        if hasattr(runner, "reload_weights"):
+            # In-place reload: re-runs the post-load processing that CPU/quantized kernels apply to weights
+            # (a plain model.load_weights fails on such processed parameters).
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+                runner.reload_weights(weights_iterator=iter(weights))
+        else:
+            runner.model.load_weights(weights=weights)
         return len(weights)
 
 
