@@ -74,3 +74,36 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+# ----------------------------------------------------------------- the tiny model on real envs (trainer API)
+QUICKSTART = Path(__file__).parent.parent / "configs" / "quickstart.yaml"
+BENCH_RUNS = Path(__file__).parent.parent / "runs" / "bench"
+ENV_OVERRIDES: dict[str, list[str]] = {  # per env: config overrides on top of configs/quickstart.yaml
+    "trace/Arithmetic-v0": [],
+    # Short observations so that whole episodes fit the SFT and rollout context of the byte-level tiny model.
+    "trace/HotpotQA-v0": ["env.kwargs={action_format: tags, top_k: 1, max_passage_chars: 200}",
+                          "env.eval_kwargs={}", "rollout.max_context=2048"],
+}
+
+
+def env_short(env_id: str) -> str:
+    return env_id.split("/")[-1].split("-")[0].lower()
+
+
+def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> Any:
+    """The quickstart config pointed at ``env_id`` and a warm-started model under runs/bench/<env>/."""
+    from trace_gym.training.config import load_config
+
+    base = BENCH_RUNS / env_short(env_id)
+    return load_config(QUICKSTART, [f"env.id={env_id}", f"model.path={base}/model-init",
+                                    f"sft.output={base}/model-sft", f"run_dir={run_dir}", "log.progress=false",
+                                    *ENV_OVERRIDES.get(env_id, []), *overrides])
+
+
+def warm_model(env_id: str) -> str:
+    """Build and SFT the tiny model on ``env_id``'s scripted expert once (cached); returns the model folder."""
+    from trace_gym.training.trainer import make_env_factory, warm_start
+
+    cfg = train_config(env_id, BENCH_RUNS / env_short(env_id) / "warm")
+    return warm_start(cfg, make_env_factory(cfg.env.id, cfg.env.kwargs))

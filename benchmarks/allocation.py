@@ -178,7 +178,7 @@ def variants(quick: bool) -> tuple[list[Variant], list[Variant]]:
                  Variant("trace: predictor lr 0.01 + explore 25%", "trace", lr=0.01, explore=0.25)]
         diag += [Variant(f"{n}: predictor lr 0.01", n, lr=0.01) for n in ("pcl", "uniform_active", "active_uniform")]
         diag += [Variant(f"{n} (root groups of 2)", n, group_size=2)
-                 for n in ("uniform_uniform", "uniform_active", "active_uniform")]
+                 for n in ("uniform_uniform", "uniform_active")]  # active roots ignore group_size
     return main, diag
 
 
@@ -256,9 +256,72 @@ def simulate(quick: bool, seeds: int, steps: int, workers: int, tasks: int = 512
             "diagnostics": {v.label: summary[v.label] for v in todo if v not in main}}
 
 
+# ----------------------------------------------------------------- (b) real envs, the warm-started tiny model
+# "name@key=value" runs allocator ``name`` with extra trainer overrides (here: the proposed predictor fix).
+REAL_ALLOCATORS = ("grpo", "pcl", "treepo", "uniform_active", "active_uniform", "trace", "trace@predictor.lr=0.01")
+
+
+def allocation_step(trainer: Any, step: int) -> dict[str, float]:
+    """The trainer's stages up to the predictor fit, without the policy update (the policy stays fixed)."""
+    from trace_gym.agents.policy import sample_seed
+    from trace_gym.training.collector import CollectStats
+    from trace_gym.training.metrics import tree_metrics
+    from trace_gym.training.trainer import allocate_roots, fit_predictor, plan_continuations
+
+    cfg = trainer.cfg
+    rng = np.random.default_rng([cfg.seed, step])
+    pool = trainer.stream.take(cfg.alloc.pool_size)
+    roots, _ = allocate_roots(trainer.allocator, trainer.predictor, pool, trainer.budget, rng)
+    trainer.collector.begin_step()
+    stats = CollectStats()
+    stats += trainer.collector.bare_rollouts(roots, seed=sample_seed(cfg.seed, step, 0))
+    plan, _ = plan_continuations(trainer.allocator, trainer.predictor, trainer.collector.trees, roots,
+                                 trainer.budget, rng)
+    stats += trainer.collector.continuations(plan, seed=sample_seed(cfg.seed, step, 1))
+    trees = list(trainer.collector.trees.values())
+    m: dict[str, Any] = {**stats.metrics("rollout/"), **tree_metrics(trees, cfg.optim.advantage)}
+    m.update(fit_predictor(trainer.predictor, trees))
+    row = {k: float(m.get(key, float("nan"))) for k, key in METRICS.items() if key}
+    row["brier_true"] = float("nan")  # no exact values on real envs
+    row["brier"] = float(m.get("predictor/brier", float("nan")))  # against the step's bottom-up targets
+    row["mixed_prompts"] = row["effective_ratio"] * row["prompts"]
+    return row
+
+
+def real_env(env_id: str, allocators: Sequence[str], seeds: int, steps: int,
+             overrides: Sequence[str]) -> dict[str, Any]:
+    """Each allocator on ``env_id`` at the fixed warm-started tiny model, several data/sampling seeds."""
+    from _common import BENCH_RUNS, env_short, train_config, warm_model
+
+    from trace_gym.training.trainer import Trainer
+
+    model = warm_model(env_id)
+    out: dict[str, Any] = {}
+    for spec in allocators:
+        name, _, extra = spec.partition("@")
+        runs = []
+        for seed in range(seeds):
+            run_dir = BENCH_RUNS / env_short(env_id) / "alloc" / f"{spec.replace('@', '_')}-{seed}"
+            cfg = train_config(env_id, run_dir, [f"model.path={model}", "sft.enabled=false", f"seed={seed}",
+                                                 f"alloc.allocator={name}", "eval.tasks=0", *overrides,
+                                                 *([extra] if extra else [])])
+            trainer = Trainer(cfg)
+            try:
+                runs.append([allocation_step(trainer, s + 1) for s in range(steps)])
+            finally:
+                trainer.close()
+        out[spec] = summarise(runs)
+        out[spec]["brier"] = mean_ci([float(np.nanmean([r["brier"] for r in rows[len(rows) // 2:]]))
+                                      for rows in runs])
+        print(f"  {env_id} {spec}: effective ratio {fmt(out[spec]['effective_ratio'])}", flush=True)
+    return {"env": env_id, "model": model, "seeds": seeds, "steps": steps, "overrides": list(overrides),
+            "allocators": out}
+
+
 def print_table(title: str, rows: dict[str, Any]) -> None:
     cols = ["effective_ratio", "effective_ratio_sample", "mixed_prompts", "pairs_per_trajectory",
-            "pairs_per_1k_tokens", "tokens", "brier_true"]
+            "pairs_per_1k_tokens", "tokens", "success"]
+    cols.append("brier" if "brier" in next(iter(rows.values())) else "brier_true")
     print(f"\n{title}")
     print(f"{'':34s}" + "".join(f"{c[:22]:>24s}" for c in cols))
     for label, r in rows.items():
@@ -283,7 +346,7 @@ def plot(sim: dict[str, Any], path: Path) -> None:
     ax1.legend(fontsize=7, loc="lower right")
     s = sim["settings"]
     ax1.set_title(f"simulation, {s['budget_per_step']} trajectories/step, {s['seeds']} seeds", fontsize=9)
-    for lab in ("grpo", "treepo", "trace", "oracle", "trace: + free uniform fit", "trace: explore 25%",
+    for lab in ("grpo", "treepo", "trace", "oracle", "trace: + free uniform fit", "trace: predictor lr 0.01",
                 "trace: text-posterior predictor"):
         if lab in rows:
             ax2.plot(rows[lab]["curve"], label=lab)
@@ -297,6 +360,25 @@ def plot(sim: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_real(real: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(real), figsize=(5.5 * len(real), 3.8), squeeze=False)
+    for ax, r in zip(axes[0], real):
+        labels = list(r["allocators"])
+        x = np.arange(len(labels))
+        for k, (key, color) in enumerate((("effective_ratio", "tab:blue"), ("effective_ratio_sample", "tab:orange"))):
+            means = [r["allocators"][lab][key]["mean"] for lab in labels]
+            errs = [np.nan_to_num(r["allocators"][lab][key]["ci95"]) for lab in labels]
+            ax.bar(x + (k - 0.5) * 0.4, means, 0.4, yerr=errs, color=color, label=key.replace("_", " "))
+        ax.set_xticks(x, labels, rotation=30, fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{r['env']}, tiny model, {r['seeds']} seeds x {r['steps']} steps", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 seeds x 16 steps, fewer diagnostics (~2 min)")
@@ -304,6 +386,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-diagnostics", action="store_true")
+    parser.add_argument("--no-sim", action="store_true", help="skip the simulation (part a)")
+    parser.add_argument("--real", nargs="*", default=[], metavar="ENV_ID",
+                        help="(b) also measure these envs with the warm-started tiny model, e.g. "
+                             "trace/Arithmetic-v0 trace/HotpotQA-v0 (builds and SFTs the model once, cached)")
+    parser.add_argument("--real-seeds", type=int, default=2)
+    parser.add_argument("--real-steps", type=int, default=8)
+    parser.add_argument("--real-set", nargs="*", default=["alloc.roots=32", "alloc.multiplier=1",
+                                                          "alloc.pool_size=64", "alloc.cap=8"],
+                        help="trainer config overrides for part (b)")
     parser.add_argument("--tasks", type=int, default=512, help="tasks the pools are drawn from")
     parser.add_argument("--pool", type=int, default=128, help="candidate prompts per step")
     parser.add_argument("--out", default=None, help="result name (default allocation or allocation_quick)")
@@ -312,20 +403,34 @@ def main() -> None:
     seeds = args.seeds or (3 if args.quick else 10)
     steps = args.steps or (16 if args.quick else 40)
     start = time.perf_counter()
-    sim = simulate(args.quick, seeds, steps, args.workers, tasks=args.tasks, pool=args.pool,
-                   diagnostics=not args.no_diagnostics)
     name = args.out or ("allocation_quick" if args.quick else "allocation")
-    print_table("simulation: allocators at equal budget", sim["allocators"])
-    if sim["diagnostics"]:
-        print_table("simulation: diagnostics (one change each)", sim["diagnostics"])
-    payload = {"machine": machine(), "seconds": time.perf_counter() - start, "simulation": sim}
+    payload: dict[str, Any] = {"machine": machine()}
+    if not args.no_sim:
+        sim = simulate(args.quick, seeds, steps, args.workers, tasks=args.tasks, pool=args.pool,
+                       diagnostics=not args.no_diagnostics)
+        print_table("simulation: allocators at equal budget", sim["allocators"])
+        if sim["diagnostics"]:
+            print_table("simulation: diagnostics (one change each)", sim["diagnostics"])
+        payload["simulation"] = sim
+    payload["real"] = [real_env(env_id, REAL_ALLOCATORS, args.real_seeds, args.real_steps, args.real_set)
+                       for env_id in args.real]
+    for r in payload["real"]:
+        print_table(f"{r['env']}: tiny model, fixed policy, {r['seeds']} seeds x {r['steps']} steps",
+                    r["allocators"])
+    payload["seconds"] = time.perf_counter() - start
     path = write_json(name, payload, args.results_dir)
-    png = args.results_dir / f"{name}_sim.png"
-    plot(sim, png)
-    print(f"\nwrote {path} and {png} in {payload['seconds']:.0f} s")
+    pngs = []
+    if "simulation" in payload:
+        pngs.append(args.results_dir / f"{name}_sim.png")
+        plot(payload["simulation"], pngs[-1])
+    if payload["real"]:
+        pngs.append(args.results_dir / f"{name}_real.png")
+        plot_real(payload["real"], pngs[-1])
+    print(f"\nwrote {path} and {', '.join(map(str, pngs))} in {payload['seconds']:.0f} s")
     if not args.quick and args.results_dir == RESULTS:
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
-        (DOCS_IMG / "allocation_sim.png").write_bytes(png.read_bytes())
+        for png in pngs:
+            (DOCS_IMG / png.name).write_bytes(png.read_bytes())
 
 
 if __name__ == "__main__":
