@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from trace_gym.environments.bfcl.calls import BadCall, Call, decode, parse_ground_truth_call, to_python_call
 from trace_gym.environments.bfcl.data import MULTI_TURN_CATEGORIES, load_entries
 

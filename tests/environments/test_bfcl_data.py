@@ -7,6 +7,7 @@ import json
 
 import jsonschema
 import pytest
+
 from trace_gym.environments.bfcl import backends
 from trace_gym.environments.bfcl.calls import Call, parse_ground_truth_call
 from trace_gym.environments.bfcl.data import (

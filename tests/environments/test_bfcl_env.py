@@ -7,10 +7,10 @@ import functools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from trace_gym.environments.bfcl.data import MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES
-from trace_gym.environments.bfcl.env import MAX_STEPS_PER_TURN, BFCLMultiTurnEnv, BFCLSingleTurnEnv
 
 from trace_gym.checker import check_trace_env
+from trace_gym.environments.bfcl.data import MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES
+from trace_gym.environments.bfcl.env import MAX_STEPS_PER_TURN, BFCLMultiTurnEnv, BFCLSingleTurnEnv
 
 
 @pytest.mark.parametrize("category", MULTI_TURN_CATEGORIES)

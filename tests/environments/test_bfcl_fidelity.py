@@ -8,6 +8,7 @@ import uuid
 
 import numpy as np
 import pytest
+
 from trace_gym.environments.bfcl.calls import decode, to_python_call
 from trace_gym.environments.bfcl.data import MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES
 from trace_gym.environments.bfcl.env import BFCLMultiTurnEnv, BFCLSingleTurnEnv
