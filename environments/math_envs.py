@@ -191,6 +191,7 @@ class ArithmeticEnv(MathEnv):
 
     system_prompt = ("Compute the answer. Run Python with <python>print(expression)</python> (or the python "
                      "tool), read the output, then reply <answer>the number</answer>.")
+    compact_prompt = "Run <python>print(expression)</python>, then reply <answer>the number</answer>."
 
     def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | None = None, n_tasks: int = 2000,
                  task_seed: int = 0, max_turns: int = 4, **kwargs: Any):
@@ -202,6 +203,11 @@ class ArithmeticEnv(MathEnv):
 
     def load_tasks(self) -> Sequence[Task]:
         return make_tasks(self.n_tasks, self.config, self.task_seed)
+
+    def system_message(self) -> str:
+        # In the tag format the compact prompt is the whole instruction. The tiny CPU model pays for every
+        # prompt token of every episode: the generic tool instructions made up ~60% of an episode's tokens.
+        return self.compact_prompt if self.action_format == "tags" else super().system_message()
 
     def expert(self, noise: float = 0.0, seed: int = 0) -> Any:
         from trace_gym.environments.math_experts import ArithmeticExpert

@@ -238,9 +238,12 @@ class ToolEnv(TextEnv):
     def tool_map(self) -> dict[str, Tool]:
         return {t.name: t for t in self.tools()}
 
+    def system_message(self) -> str:
+        """The system prompt followed by the parser's instructions for the declared tools."""
+        return self.system_prompt + "\n\n" + self.parser.instructions(list(self.tool_map.values()))
+
     def begin(self, task: Task) -> str:
-        system = self.system_prompt + "\n\n" + self.parser.instructions(list(self.tool_map.values()))
-        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+        self.messages = [{"role": "system", "content": self.system_message()}, {"role": "user", "content": task.prompt}]
         return task.prompt
 
     def reset_info(self) -> dict[str, Any]:
