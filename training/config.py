@@ -171,8 +171,8 @@ class PredictorConfig:
 
     kind: Literal["features", "hidden"] = "features"
     """Hashed-text logistic model, or a head on the policy's hidden state."""
-    lr: float = 0.05
-    """Learning rate of its fit."""
+    lr: float = 0.01
+    """Learning rate of its fit (FeaturePredictor's default)."""
     steps: int = 60
     """Optimiser steps per training step."""
 
