@@ -36,6 +36,7 @@ from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
 
 from .advantages import tree_advantages
+from .allocation import prefix_utility, root_utility
 from .allocators import Allocator, StepBudget, expand_counts, make_allocator
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .collector import CollectStats, TreeCollector, context_ids
@@ -48,12 +49,21 @@ from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix
 
 
 # --------------------------------------------------------------------------------------------- stages
+def root_values(allocator: Allocator, predictor: Predictor, pool: Sequence[Task]) -> np.ndarray | None:
+    """The predictor's Ṽ of each candidate prompt, or None when the allocator chooses prompts without it."""
+    if not allocator.needs_root_values:
+        return None
+    return predictor.predict([Prefix(t.id, t.prompt) for t in pool])
+
+
 def allocate_roots(allocator: Allocator, predictor: Predictor, pool: Sequence[Task], budget: StepBudget,
-                   rng: np.random.Generator) -> tuple[dict[str, int], dict[str, float]]:
-    """Stage 1: {task id: m_i} over the candidate pool, and alloc/ metrics."""
-    if allocator.needs_root_values:
-        values = predictor.predict([Prefix(t.id, t.prompt) for t in pool])
-    else:
+                   rng: np.random.Generator, values: np.ndarray | None = None
+                   ) -> tuple[dict[str, int], dict[str, float]]:
+    """Stage 1: {task id: m_i} over the candidate pool, and alloc/ metrics. ``values``: `root_values` of the
+    pool when already computed (else computed here)."""
+    if values is None:
+        values = root_values(allocator, predictor, pool)
+    if values is None:
         values = np.full(len(pool), 0.5)
     chosen = allocator.allocate_roots(values, allocator.root_budget(budget), rng)
     counts = {pool[i].id: m for i, m in sorted(chosen.items())}
@@ -64,6 +74,19 @@ def allocate_roots(allocator: Allocator, predictor: Predictor, pool: Sequence[Ta
                     "alloc/chosen_value_mean": float(picked.mean()) if len(picked) else float("nan")}
 
 
+def annotate_roots(trees: Mapping[str, RolloutTree], pool: Sequence[Task], values: np.ndarray | None,
+                   roots: Mapping[str, int]) -> None:
+    """Root meta for the viewer (viewer.py): ``predicted`` (when stage 1 used the predictor) and ``alloc``, the
+    stage-1 decision: m_i root rollouts with utility U_root(v, m_i) (None when no value was predicted)."""
+    by_id = {t.id: float(v) for t, v in zip(pool, values)} if values is not None else {}
+    for tid, tree in trees.items():
+        m, v = int(roots.get(tid, 0)), by_id.get(tid)
+        if v is not None:
+            tree.root.meta["predicted"] = v
+        utility = float(root_utility(min(max(v, 0.0), 1.0), m)) if v is not None else None
+        tree.root.meta["alloc"] = {"continuations": m, "utility": utility, "stage": "root"}
+
+
 def open_prefixes(tree: RolloutTree) -> list[int]:
     """Non-terminal nodes of depth >= 1 (after bare rollouts: each lies on one rollout)."""
     return [n.id for n in tree.nodes if n.depth >= 1 and not n.is_terminal]
@@ -72,7 +95,9 @@ def open_prefixes(tree: RolloutTree) -> list[int]:
 def plan_continuations(allocator: Allocator, predictor: Predictor, trees: Mapping[str, RolloutTree],
                        roots: Mapping[str, int], budget: StepBudget,
                        rng: np.random.Generator) -> tuple[dict[tuple[str, int], int], dict[str, float]]:
-    """Stage 2: {(task id, node id): k} spending prefix_budget(m_i) per prompt, and alloc/ metrics."""
+    """Stage 2: {(task id, node id): k} spending prefix_budget(m_i) per prompt, and alloc/ metrics. Writes the
+    viewer's node meta (viewer.py): ``predicted`` Ṽ of each open prefix (when stage 2 used the predictor) and
+    ``alloc`` = {continuations: k, utility: 1 - q^k (None without predictions), stage: "prefix"} where k > 0."""
     plan: dict[tuple[str, int], int] = {}
     extra = 0
     for tid, tree in trees.items():
@@ -81,18 +106,23 @@ def plan_continuations(allocator: Allocator, predictor: Predictor, trees: Mappin
             continue
         nodes = open_prefixes(tree)
         rewards = np.clip([tree.value(n) or 0.0 for n in nodes], 0.0, 1.0)
-        if allocator.needs_prefix_values and nodes:
+        predicted = bool(allocator.needs_prefix_values and nodes)
+        if predicted:
             values = predictor.predict([Prefix.from_tree(tree, n) for n in nodes])
         else:
             values = np.full(len(nodes), 0.5)
         counts, root_extra = expand_counts(allocator, np.asarray(rewards, float), values, b, rng)
-        for n, v, k in zip(nodes, values, counts):
-            tree[n].meta["value"] = float(v)
+        utilities = prefix_utility(rewards, np.clip(values, 0.0, 1.0), counts) if predicted else None
+        for j, (n, v, k) in enumerate(zip(nodes, values, counts)):
+            if predicted:
+                tree[n].meta["predicted"] = float(v)
             if k:
                 plan[(tid, n)] = int(k)
-                tree[n].meta["continuations"] = int(k)
+                utility = float(utilities[j]) if utilities is not None else None
+                tree[n].meta["alloc"] = {"continuations": int(k), "utility": utility, "stage": "prefix"}
         if root_extra:
             plan[(tid, 0)] = plan.get((tid, 0), 0) + root_extra
+            tree.root.meta["root_extra"] = int(root_extra)  # stage-2 budget spent at the root: no open prefix
             extra += root_extra
     return plan, {"alloc/continuations": float(sum(plan.values())), "alloc/root_extra": float(extra),
                   "alloc/branch_points": float(len(plan))}
@@ -389,12 +419,14 @@ class Trainer:
 
         with timer("allocate"):
             pool = self.stream.take(cfg.alloc.pool_size)
-            roots, m = allocate_roots(self.allocator, self.predictor, pool, self.budget, rng)
+            values = root_values(self.allocator, self.predictor, pool)
+            roots, m = allocate_roots(self.allocator, self.predictor, pool, self.budget, rng, values)
             metrics.update(m)
         self.collector.begin_step()
         stats = CollectStats()
         with timer("rollout"):
             stats += self.collector.bare_rollouts(roots, seed=sample_seed(cfg.seed, step, 0))
+        annotate_roots(self.collector.trees, pool, values, roots)
         with timer("expand"):
             plan, m = plan_continuations(self.allocator, self.predictor, self.collector.trees, roots, self.budget,
                                          rng)
