@@ -276,8 +276,29 @@ class LogConfig:
     """W&B project."""
     progress: bool = True
     """Rich progress bar on the terminal."""
-    save_trees: bool = False
-    """Write every step's trees to trees.jsonl in the run folder."""
+    save_trees: Literal["none", "all", "first_last"] | int = "none"
+    """Which steps' trees go to trees.jsonl in the run folder: none, all, first_last, or an integer N (every
+    N-th step and the last). YAML true/false read as all/none."""
+    plots: bool = True
+    """Write PNG plots of the metrics to the run folder's plots/ at the end of training."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.save_trees, bool):  # the older boolean form
+            self.save_trees = "all" if self.save_trees else "none"
+        ok = self.save_trees in ("none", "all", "first_last") if isinstance(self.save_trees, str) else (
+            isinstance(self.save_trees, int) and self.save_trees >= 1)
+        _check(ok, f"expected log.save_trees none, all, first_last or a step interval N >= 1, got "
+               f"{self.save_trees!r}; fix: log.save_trees=first_last (or all, none, 10)")
+
+    def saves_trees(self, step: int, last: int) -> bool:
+        """Whether step `step` (1-based) of a run ending at step `last` writes its trees."""
+        if self.save_trees == "all":
+            return True
+        if self.save_trees == "first_last":
+            return step in (1, last)
+        if isinstance(self.save_trees, int):
+            return step % self.save_trees == 0 or step == last
+        return False
 
 
 @dataclass

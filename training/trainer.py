@@ -21,6 +21,7 @@ import copy
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +290,22 @@ def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any =
     return str(out)
 
 
+def plot_at_end(run_dir: Path, console: Any = None) -> list[Path]:
+    """PNG plots of a finished run (training.plots); a failure is reported (console, else a warning), not
+    raised: the run's results are already on disk and `trace-gym plot RUN_DIR` can retry."""
+    try:
+        from .plots import plot_run
+
+        return plot_run(run_dir)
+    except Exception as exc:  # any plotting failure (missing matplotlib, disk, odd rows) is not the run's
+        text = f"plots of {run_dir} skipped: {type(exc).__name__}: {exc}; retry with `trace-gym plot {run_dir}`"
+        if console is not None:
+            console.print(text)
+        else:
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
+        return []
+
+
 def _say(console: Any, text: str) -> None:
     if console is not None:
         console.print(text)
@@ -447,7 +464,7 @@ class Trainer:
         with timer("sync"):
             sync_weights(self.policy, self.model)
         self.step_count = step
-        if cfg.log.save_trees:
+        if cfg.log.saves_trees(step, cfg.steps):
             with open(self.run_dir / "trees.jsonl", "a") as f:
                 f.writelines(json.dumps({"step": step, **t.to_dict()}) + "\n" for t in trees)
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
@@ -493,6 +510,8 @@ class Trainer:
                 bar(metrics)
         summary = self.summary(time.perf_counter() - t_start)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if cfg.log.plots:
+            plot_at_end(self.run_dir, self.console)
         return summary
 
     def summary(self, wall_s: float) -> dict[str, Any]:

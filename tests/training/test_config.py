@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.config import TrainConfig, dump_config, load_config
+from trace_gym.training.config import LogConfig, TrainConfig, dump_config, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -42,6 +44,8 @@ def test_dump_and_load_round_trip(tmp_path):
     (["steps=ten"], "fix: steps=100"),
     (["env.snapshot=fork"], "fix: env.snapshot=native"),
     (["optim.lr"], "fix: e.g. optim.lr=1e-4"),
+    (["log.save_trees=sometimes"], "fix: log.save_trees=first_last"),
+    (["log.save_trees=0"], "fix: log.save_trees=first_last"),
 ])
 def test_invalid_values_raise_with_the_fix(overrides, fix):
     with pytest.raises(ConfigError, match="fix") as err:
@@ -58,3 +62,21 @@ def test_missing_config_file_names_the_configs_folder(tmp_path):
 def test_shipped_configs_validate(path):
     cfg = load_config(path)
     assert isinstance(cfg, TrainConfig) and cfg.steps >= 1
+
+
+@pytest.mark.parametrize(("value", "want"), [("true", "all"), ("false", "none"), ("first_last", "first_last"),
+                                             ("5", 5), ("none", "none")])
+def test_save_trees_reads_policies_and_the_older_booleans(value, want, tmp_path):
+    cfg = load_config(None, [f"log.save_trees={value}"])
+    assert cfg.log.save_trees == want
+    dump_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+@given(policy=st.one_of(st.sampled_from(["none", "all", "first_last"]), st.integers(1, 12)),
+       last=st.integers(1, 40))
+def test_saved_tree_steps_follow_the_policy(policy, last):
+    saved = {s for s in range(1, last + 1) if LogConfig(save_trees=policy).saves_trees(s, last)}
+    want = {"none": set(), "all": set(range(1, last + 1)), "first_last": {1, last}}.get(policy) if isinstance(
+        policy, str) else {s for s in range(policy, last + 1, policy)} | {last}
+    assert saved == want

@@ -14,7 +14,14 @@ from trace_gym.training.allocators import StepBudget, make_allocator
 from trace_gym.training.config import TrainConfig
 from trace_gym.training.logging import read_metrics
 from trace_gym.training.predictor import FeaturePredictor, Prefix, training_examples
-from trace_gym.training.trainer import Trainer, allocate_roots, annotate_roots, plan_continuations, root_values
+from trace_gym.training.trainer import (
+    Trainer,
+    allocate_roots,
+    annotate_roots,
+    plan_continuations,
+    plot_at_end,
+    root_values,
+)
 from trace_gym.tree import RolloutTree
 
 
@@ -127,6 +134,23 @@ def test_one_step_changes_parameters_and_predictor(tmp_path, nano_dir):
         assert not np.array_equal(w_before, trainer.predictor.state_dict()["w"])
     finally:
         trainer.close()
+
+
+def test_train_saves_the_chosen_steps_trees_and_plots(tmp_path, nano_dir):
+    data = tiny_config(tmp_path / "run", nano_dir).to_dict()
+    data.update(steps=3, checkpoint={"every": 0, "keep": 1})
+    data["log"]["save_trees"] = 2
+    _run(TrainConfig.from_dict(data))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "trees.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [2, 3]  # every 2nd step and the last
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert (tmp_path / "run" / "plots" / "overview.png").stat().st_size > 1000
+
+
+def test_a_plotting_failure_is_reported_not_raised(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")  # a run folder without rows: plot_run raises ConfigError
+    with pytest.warns(RuntimeWarning, match="plots of .* skipped: ConfigError"):
+        assert plot_at_end(tmp_path) == []
 
 
 def _run(cfg: TrainConfig, resume=None) -> None:
