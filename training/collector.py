@@ -5,7 +5,8 @@ Two stage functions: `bare_rollouts({task_id: m})` starts m rollouts at each pro
 a terminal node, and each turn of every active rollout goes into one batched `generate` call; env steps run
 in a thread pool, one job per tree (a wrapper holds one env state, so a tree's branches step in turn, each
 restoring its node first when the env is elsewhere). No turn is generated twice: a continuation begins with a
-new child of its node.
+new child of its node. `open_tree`, `run` (starts with their seeding indices) and `adopt` (a tree from another
+collector) are the stages' building blocks, which Ray workers (ray_workers.py) call directly.
 
 Budget: every started rollout is one trajectory and ends in exactly one new leaf; generated tokens, env
 steps, tool calls and generate calls are counted beside.
@@ -24,6 +25,7 @@ Choices:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +34,10 @@ from typing import Any
 
 import gymnasium as gym
 
-from trace_gym.agents.chat import Conversation
+from trace_gym.agents.chat import Conversation, Segment
 from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams, sample_seed
 from trace_gym.errors import ConfigError
+from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
 from trace_gym.wrappers import TreeRolloutWrapper
@@ -91,6 +94,22 @@ def context_ids(tree: RolloutTree, node_id: int) -> list[int]:
     return ids
 
 
+def conversation_at(tokenizer: Any, tree: RolloutTree, node_id: int, messages: Sequence[Mapping[str, Any]]
+                    ) -> Conversation:
+    """The token record after ``node_id``'s observation, rebuilt from the tree (the layout above)."""
+    path = tree.path(node_id)
+    ids = list(path[0].meta.get("prompt_ids", []))
+    segments = [Segment("prompt", 0, len(ids))]
+    for node in path[1:]:
+        action = node.token_ids or []
+        segments.append(Segment("action", len(ids), len(ids) + len(action), node.logprobs))
+        ids.extend(action)
+        obs = node.meta.get("obs_ids", [])
+        segments.append(Segment("observation", len(ids), len(ids) + len(obs)))
+        ids.extend(obs)
+    return Conversation(tokenizer, [dict(m) for m in messages], None, ids, segments)
+
+
 class TreeCollector:
     """Collects one step's rollout trees. Call `begin_step()`, then the stage functions, then read `trees`.
 
@@ -131,7 +150,6 @@ class TreeCollector:
     # ----------------------------------------------------------------- stages
     def bare_rollouts(self, counts: Mapping[str, int], seed: int) -> CollectStats:
         """Start `m` rollouts at the root of each task in `counts` (task id -> m); each prompt once per step."""
-        starts: list[tuple[str, int]] = []
         new = [tid for tid, m in counts.items() if m > 0]
         for tid in new:
             if tid in self._trees:
@@ -140,28 +158,18 @@ class TreeCollector:
             if tid not in self.tasks:
                 raise ConfigError(f"expected a task id of the training set, got {tid!r}")
         for tid in new:
-            self._open_tree(tid)
-        for tid in new:
-            starts.extend([(tid, 0)] * int(counts[tid]))
-        return self._run(starts, seed)
+            self.open_tree(tid)
+        return self.run([(tid, 0) for tid in new for _ in range(int(counts[tid]))], seed)
 
     def continuations(self, counts: Mapping[tuple[str, int], int], seed: int) -> CollectStats:
         """Start `k` rollouts from each open node in `counts` ((task id, node id) -> k)."""
-        starts: list[tuple[str, int]] = []
-        for (tid, node_id), k in counts.items():
-            if k <= 0:
-                continue
-            state = self._trees.get(tid)
-            if state is None:
-                raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
-            if state.wrapper.tree[node_id].is_terminal:  # type: ignore[union-attr]
-                raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
-            starts.extend([(tid, int(node_id))] * int(k))
-        return self._run(starts, seed)
+        return self.run([(tid, int(node_id)) for (tid, node_id), k in counts.items() for _ in range(max(k, 0))],
+                        seed)
 
-    # ----------------------------------------------------------------- internals
-    def _open_tree(self, task_id: str) -> None:
-        wrapper = self._pool.pop() if self._pool else TreeRolloutWrapper(self.make_env(), self.snapshot_kind)
+    # ----------------------------------------------------------------- building blocks (also for Ray workers)
+    def open_tree(self, task_id: str) -> RolloutTree:
+        """Reset an env of the pool to `task_id` and start this step's tree of it (the root only)."""
+        wrapper = self._wrapper()
         task = self.tasks[task_id]
         _, info = wrapper.reset(options={"task": task})
         state = _Tree(wrapper, task, {0: list(info["messages"])})
@@ -170,17 +178,46 @@ class TreeCollector:
             state.convs[0] = conv
             wrapper.tree.root.meta["prompt_ids"] = list(conv.ids)  # type: ignore[union-attr]
         self._trees[task_id] = state
+        return wrapper.tree  # type: ignore[return-value]
 
-    def _request(self, b: _Branch, seed: int) -> Request:
-        state = self._trees[b.task_id]
-        rseed = sample_seed(seed, b.index, b.turn)
-        if self.tokenizer is not None:
-            return Request(prompt_ids=state.convs[b.node].ids, task=state.task, seed=rseed)
-        return Request(messages=state.messages[b.node], task=state.task, seed=rseed)
+    def adopt(self, tree: RolloutTree, root: ReplaySnapshot, nodes: Sequence[int]) -> None:
+        """Take over ``tree``, started by another collector (e.g. on a worker that died), so that `run` can
+        continue from ``nodes``: open nodes restore from ``root`` (the tree root's replay snapshot) replaying
+        their actions, and token records are rebuilt from the tree."""
+        wrapper = self._wrapper()
+        task = self.tasks[tree.task_id]
+        wrapper.reset(options={"task": task})
+        for snap in wrapper.snapshots.values():
+            snap.release()
+        wrapper.snapshots.clear()
+        wrapper.tree = tree
+        for node in tree:
+            if not node.is_terminal:
+                wrapper.snapshots[node.id] = dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
+        state = _Tree(wrapper, task)
+        for node_id in sorted(set(nodes)):
+            _, info = wrapper.branch(node_id)
+            state.messages[node_id] = list(info["messages"])
+            if self.tokenizer is not None:
+                state.convs[node_id] = conversation_at(self.tokenizer, tree, node_id, info["messages"])
+        self._trees[tree.task_id] = state
 
-    def _run(self, starts: list[tuple[str, int]], seed: int) -> CollectStats:
+    def run(self, starts: Sequence[tuple[str, int]], seed: int, indices: Sequence[int] | None = None
+            ) -> CollectStats:
+        """One rollout per (task id, node id) in `starts`, each from an open node of a tree started this step
+        (`open_tree`, `adopt` or a stage call), all in lockstep. ``indices[i]``: start i's position in its
+        stage call, which seeds its sampling (default i)."""
+        indices = list(range(len(starts))) if indices is None else list(indices)
+        if len(indices) != len(starts):
+            raise ConfigError(f"expected one index per start, got {len(indices)} for {len(starts)}")
+        for tid, node_id in starts:
+            state = self._trees.get(tid)
+            if state is None:
+                raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
+            if state.wrapper.tree[node_id].is_terminal:  # type: ignore[union-attr]
+                raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
         stats = CollectStats(trajectories=len(starts))
-        active = [_Branch(tid, node, i) for i, (tid, node) in enumerate(starts)]
+        active = [_Branch(tid, int(node), i) for (tid, node), i in zip(starts, indices)]
         while active:
             t0 = time.perf_counter()
             gens = self.policy.generate([self._request(b, seed) for b in active], self.sampling)
@@ -198,6 +235,17 @@ class TreeCollector:
             stats.env_s += time.perf_counter() - t0
             active = [b for b in active if not b.done]
         return stats
+
+    # ----------------------------------------------------------------- internals
+    def _wrapper(self) -> TreeRolloutWrapper:
+        return self._pool.pop() if self._pool else TreeRolloutWrapper(self.make_env(), self.snapshot_kind)
+
+    def _request(self, b: _Branch, seed: int) -> Request:
+        state = self._trees[b.task_id]
+        rseed = sample_seed(seed, b.index, b.turn)
+        if self.tokenizer is not None:
+            return Request(prompt_ids=state.convs[b.node].ids, task=state.task, seed=rseed)
+        return Request(messages=state.messages[b.node], task=state.task, seed=rseed)
 
     def _step_tree(self, items: list[tuple[_Branch, Generation]]) -> CollectStats:
         stats = CollectStats()

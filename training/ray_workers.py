@@ -20,25 +20,21 @@ Choices:
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
-from trace_gym.agents.chat import Conversation, Segment
 from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams
 from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.experts import Expert
 from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
-from trace_gym.wrappers import TreeRolloutWrapper
 
-from .collector import CollectStats, TreeCollector, _Branch, _Tree
+from .collector import CollectStats, TreeCollector
 
 Start = tuple[str, int, int]  # (task id, node id, global rollout index in the stage call)
 
@@ -123,85 +119,30 @@ class SeededExpertPolicy:
 
 # --------------------------------------------------------------------------------------------- the worker
 class _WorkerCollector(TreeCollector):
-    """`TreeCollector` that runs starts with given global indices and adopts trees started elsewhere."""
+    """`TreeCollector` that also keeps each tree root's portable snapshot, for the driver's copy of the tree."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.roots: dict[str, ReplaySnapshot] = {}  # each tree's root as a portable snapshot
 
-    def _open_tree(self, task_id: str) -> None:
-        super()._open_tree(task_id)
+    def open_tree(self, task_id: str) -> RolloutTree:
+        tree = super().open_tree(task_id)
         snap = self._trees[task_id].wrapper.base.snapshot("replay")  # at the root: task and RNG state only
         assert isinstance(snap, ReplaySnapshot)
         self.roots[task_id] = snap
+        return tree
+
+    def adopt(self, tree: RolloutTree, root: ReplaySnapshot, nodes: Sequence[int]) -> None:
+        super().adopt(tree, root, nodes)
+        self.roots[tree.task_id] = root
 
     def begin_step(self) -> None:
         super().begin_step()
         self.roots = {}
 
-    def run(self, opens: Sequence[str], starts: Sequence[Start], seed: int) -> CollectStats:
-        for tid in opens:
-            self._open_tree(tid)
-        stats = CollectStats(trajectories=len(starts))
-        active = [_Branch(tid, node, index) for tid, node, index in starts]
-        while active:
-            t0 = time.perf_counter()
-            gens = self.policy.generate([self._request(b, seed) for b in active], self.sampling)
-            stats.generate_s += time.perf_counter() - t0
-            stats.generate_calls += 1
-            if len(gens) != len(active):
-                raise ConfigError(f"expected one generation per request from the policy, got {len(gens)} for "
-                                  f"{len(active)}; fix: the policy must follow the Policy contract")
-            by_tree: dict[str, list[tuple[_Branch, Generation]]] = {}
-            for b, g in zip(active, gens):
-                by_tree.setdefault(b.task_id, []).append((b, g))
-            t0 = time.perf_counter()
-            for part in self._executor.map(self._step_tree, by_tree.values()):
-                stats += part
-            stats.env_s += time.perf_counter() - t0
-            active = [b for b in active if not b.done]
-        return stats
-
-    def adopt(self, tree: RolloutTree, root: ReplaySnapshot, nodes: Sequence[int]) -> None:
-        """Take over ``tree`` (started on another worker): open nodes restore from replay snapshots."""
-        wrapper = self._pool.pop() if self._pool else TreeRolloutWrapper(self.make_env(), self.snapshot_kind)
-        task = self.tasks[tree.task_id]
-        wrapper.reset(options={"task": task})
-        for snap in wrapper.snapshots.values():
-            snap.release()
-        wrapper.snapshots.clear()
-        wrapper.tree = tree
-        for node in tree:
-            if not node.is_terminal:
-                wrapper.snapshots[node.id] = dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
-        state = _Tree(wrapper, task)
-        self.roots[tree.task_id] = root
-        for node_id in sorted(set(nodes)):
-            _, info = wrapper.branch(node_id)
-            state.messages[node_id] = list(info["messages"])
-            if self.tokenizer is not None:
-                state.convs[node_id] = _conversation(self.tokenizer, tree, node_id, info["messages"])
-        self._trees[tree.task_id] = state
-
     def export(self, task_ids: Sequence[str]) -> tuple[dict[str, RolloutTree], dict[str, ReplaySnapshot]]:
-        trees = {tid: self._trees[tid].wrapper.tree for tid in task_ids}
-        return trees, {tid: self.roots[tid] for tid in task_ids}  # type: ignore[return-value]
-
-
-def _conversation(tokenizer: Any, tree: RolloutTree, node_id: int, messages: Sequence[Mapping[str, Any]]
-                  ) -> Conversation:
-    """The token record after ``node_id``'s observation, rebuilt from the tree (collector.py's layout)."""
-    path = tree.path(node_id)
-    ids = list(path[0].meta.get("prompt_ids", []))
-    segments = [Segment("prompt", 0, len(ids))]
-    for node in path[1:]:
-        action = node.token_ids or []
-        segments.append(Segment("action", len(ids), len(ids) + len(action), node.logprobs))
-        ids.extend(action)
-        obs = node.meta.get("obs_ids", [])
-        segments.append(Segment("observation", len(ids), len(ids) + len(obs)))
-        ids.extend(obs)
-    return Conversation(tokenizer, [dict(m) for m in messages], None, ids, segments)
+        trees = self.trees
+        return {tid: trees[tid] for tid in task_ids}, {tid: self.roots[tid] for tid in task_ids}
 
 
 class RolloutWorker:
@@ -223,7 +164,9 @@ class RolloutWorker:
         """Adopt trees, open new ones, run the starts; return the touched trees, their root snapshots, stats."""
         for tid, (tree, root) in adopt.items():
             self.collector.adopt(tree, root, [node for t, node, _ in starts if t == tid])
-        stats = self.collector.run(opens, starts, seed)
+        for tid in opens:
+            self.collector.open_tree(tid)
+        stats = self.collector.run([(t, node) for t, node, _ in starts], seed, [index for *_, index in starts])
         touched = list(dict.fromkeys([*opens, *adopt, *(t for t, _, _ in starts)]))
         return (*self.collector.export(touched), stats)
 

@@ -152,15 +152,16 @@ def test_adopted_tree_continues_exactly_with_token_records():
     want = {tid: t.to_dict() for tid, t in ref.trees.items()}
 
     first, second = (_WorkerCollector(policy, make_env, env_tasks, sampling, tok, workers=1) for _ in range(2))
-    bare = [(tid, 0, i) for i, tid in enumerate(t for t, m in roots.items() for _ in range(m))]
-    first.run(list(roots), bare, BARE_SEED)
+    for tid in roots:
+        first.open_tree(tid)
+    first.run([(tid, 0) for tid, m in roots.items() for _ in range(m)], BARE_SEED)
     trees, root_snaps = first.export(list(roots))
-    starts = [(tid, node, i) for i, (tid, node) in enumerate((t, n) for (t, n), k in counts.items() for _ in range(k))]
+    starts = [(tid, node) for (tid, node), k in counts.items() for _ in range(k)]
     for tid in roots:
         tree = RolloutTree.from_dict(trees[tid].to_dict())  # a copy, as if shipped from another process
-        second.adopt(tree, root_snaps[tid], [n for t, n, _ in starts if t == tid])
-    second.run([], starts, CONT_SEED)
-    got = {tid: second._trees[tid].wrapper.tree.to_dict() for tid in roots}
+        second.adopt(tree, root_snaps[tid], [n for t, n in starts if t == tid])
+    second.run(starts, CONT_SEED, indices=range(len(starts)))
+    got = {tid: tree.to_dict() for tid, tree in second.trees.items()}
     for c in (ref, first, second):
         c.close()
     assert any(n["token_ids"] for t in got.values() for n in t["nodes"][1:])  # token records were kept
