@@ -302,6 +302,32 @@ class LogConfig:
 
 
 @dataclass
+class RayConfig:
+    """Rollout workers on Ray (`distributed: ray`): where they run and how many there are."""
+
+    address: str | None = None
+    """An existing cluster ("auto", "ray://head:10001"); null starts a local one."""
+    workers: int = 2
+    """Rollout actors."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per actor (its env steps)."""
+    gpus_per_worker: float = 0.0
+    """GPUs per actor (its vLLM engine); fractions share a GPU."""
+    env_threads: int = 2
+    """Threads stepping one actor's envs."""
+    init: dict[str, Any] = field(default_factory=dict)
+    """Extra `ray.init` keyword arguments (num_cpus, _temp_dir, runtime_env, ...)."""
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1 and self.env_threads >= 1, f"expected ray.workers >= 1 and ray.env_threads >= 1, "
+               f"got {self.workers}, {self.env_threads}; fix: ray.workers=2")
+        _check(self.cpus_per_worker >= 0 and self.gpus_per_worker >= 0, f"expected non-negative "
+               f"ray.cpus_per_worker and gpus_per_worker, got {self.cpus_per_worker}, {self.gpus_per_worker}; "
+               "fix: ray.cpus_per_worker=1")
+        _check(isinstance(self.init, dict), f"expected ray.init as a mapping, got {self.init!r}; fix: ray.init={{}}")
+
+
+@dataclass
 class TrainConfig:
     """The whole run."""
 
@@ -321,8 +347,13 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    distributed: Literal["none", "ray"] = "none"
+    """Where rollouts run: in this process ("none") or on Ray actors ("ray", see `ray`)."""
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
+        _check(self.distributed in ("none", "ray"),
+               f"expected distributed 'none' or 'ray', got {self.distributed!r}; fix: distributed=none")
         _check(self.steps >= 0, f"expected steps >= 0, got {self.steps}")
         _check(bool(self.run_dir), "expected run_dir, got ''; fix: run_dir=runs/my-run")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -35,34 +34,11 @@ from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
 
 from .collector import CollectStats, TreeCollector
+from .config import RayConfig
+
+__all__ = ["EnvExpert", "RayConfig", "RayTreeCollector", "RolloutWorker", "SeededExpertPolicy", "init_ray"]
 
 Start = tuple[str, int, int]  # (task id, node id, global rollout index in the stage call)
-
-
-@dataclass
-class RayConfig:
-    """Where the workers run and how many there are."""
-
-    address: str | None = None
-    """An existing cluster ("auto", "ray://head:10001"); null starts a local one."""
-    workers: int = 2
-    """Rollout actors."""
-    cpus_per_worker: float = 1.0
-    """CPUs reserved per actor (its env steps)."""
-    gpus_per_worker: float = 0.0
-    """GPUs per actor (its vLLM engine); fractions share a GPU."""
-    env_threads: int = 2
-    """Threads stepping one actor's envs."""
-    init: dict[str, Any] = field(default_factory=dict)
-    """Extra `ray.init` keyword arguments (num_cpus, _temp_dir, runtime_env, ...)."""
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or self.env_threads < 1:
-            raise ConfigError(f"expected ray.workers >= 1 and ray.env_threads >= 1, got {self.workers}, "
-                              f"{self.env_threads}; fix: ray.workers=2")
-        if self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
-            raise ConfigError(f"expected non-negative ray.cpus_per_worker and gpus_per_worker, got "
-                              f"{self.cpus_per_worker}, {self.gpus_per_worker}")
 
 
 def init_ray(cfg: RayConfig) -> None:

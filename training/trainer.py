@@ -13,11 +13,14 @@ Choices where the paper is silent:
    no policy gradient, and the token-level normaliser counts only the trained nodes' tokens.
 4. All randomness of a step (sampling seeds, uniform allocators, mini-batch order) derives from (seed, step),
    so a resumed run repeats an uninterrupted one exactly on the CPU.
+5. With `distributed: ray` each rollout worker builds its own policy from the model folder (`worker_policy`) and
+   receives the trained weights in the sync stage of every step; evaluation stays in this process.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import time
@@ -25,7 +28,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -47,6 +50,9 @@ from .logging import MetricsLogger
 from .loss import policy_loss
 from .metrics import calibration_metrics, tree_metrics
 from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix, training_examples
+
+if TYPE_CHECKING:
+    from .ray_workers import RayTreeCollector
 
 
 # --------------------------------------------------------------------------------------------- stages
@@ -353,6 +359,19 @@ def make_policy(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, model_
                                       gpu_memory_utilization=cfg.model.vllm_gpu_memory_utilization)
 
 
+def worker_policy(cfg: TrainConfig, model_path: str) -> Any:
+    """The generation backend of a Ray rollout worker: `make_policy` on its own copy of the model at
+    `model_path` (hf) or its own vLLM engine; a module-level function so that it pickles."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = None
+    if cfg.model.backend == "hf":
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = model.to(resolve_device(cfg.model.device)).eval()
+    return make_policy(cfg, model, tokenizer, model_path)  # type: ignore[arg-type]
+
+
 def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 1024) -> Callable[..., torch.Tensor]:
     """Final hidden state at the last token of a plain rendering of each prefix (HiddenStatePredictor)."""
 
@@ -417,8 +436,18 @@ class Trainer:
         if cfg.alloc.pool_size > len(self.stream.tasks):
             raise ConfigError(f"expected alloc.pool_size <= the {len(self.stream.tasks)} training prompts, got "
                               f"{cfg.alloc.pool_size}; fix: alloc.pool_size={len(self.stream.tasks)} or more data")
-        self.collector = TreeCollector(self.policy, self.make_env, self.stream.tasks, self.sampling, self.tokenizer,
-                                       cfg.env.snapshot, cfg.env.workers, cfg.rollout.max_context)
+        self.collector: TreeCollector | RayTreeCollector
+        if cfg.distributed == "ray":
+            from .ray_workers import RayTreeCollector
+
+            # Workers build their own policy from the model folder; weights follow in the sync stage.
+            self.collector = RayTreeCollector(functools.partial(worker_policy, cfg, model_path), self.make_env,
+                                              self.stream.tasks, self.sampling, self.tokenizer, cfg.env.snapshot,
+                                              cfg.rollout.max_context, ray_config=cfg.ray)
+        else:
+            self.collector = TreeCollector(self.policy, self.make_env, self.stream.tasks, self.sampling,
+                                           self.tokenizer, cfg.env.snapshot, cfg.env.workers,
+                                           cfg.rollout.max_context)
         self.step_count = 0
         self.history: dict[str, Any] = {"eval": [], "effective_ratio": [], "trajectories": 0, "tokens": 0}
         if state is not None:
@@ -463,6 +492,9 @@ class Trainer:
                                          ref_model=self.ref_model))
         with timer("sync"):
             sync_weights(self.policy, self.model)
+            if cfg.distributed == "ray":
+                weights = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+                self.collector.update_weights(weights)  # type: ignore[union-attr]
         self.step_count = step
         if cfg.log.saves_trees(step, cfg.steps):
             with open(self.run_dir / "trees.jsonl", "a") as f:

@@ -46,6 +46,8 @@ def test_dump_and_load_round_trip(tmp_path):
     (["optim.lr"], "fix: e.g. optim.lr=1e-4"),
     (["log.save_trees=sometimes"], "fix: log.save_trees=first_last"),
     (["log.save_trees=0"], "fix: log.save_trees=first_last"),
+    (["distributed=mpi"], "fix: distributed=none"),
+    (["distributed=ray", "ray.workers=0"], "fix: ray.workers=2"),
 ])
 def test_invalid_values_raise_with_the_fix(overrides, fix):
     with pytest.raises(ConfigError, match="fix") as err:
@@ -80,3 +82,13 @@ def test_saved_tree_steps_follow_the_policy(policy, last):
     want = {"none": set(), "all": set(range(1, last + 1)), "first_last": {1, last}}.get(policy) if isinstance(
         policy, str) else {s for s in range(policy, last + 1, policy)} | {last}
     assert saved == want
+
+
+def test_distributed_ray_validates_with_its_worker_settings(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("distributed: ray\nray:\n  workers: 3\n  gpus_per_worker: 1\n  init: {num_cpus: 4}\n")
+    cfg = load_config(path)
+    assert cfg.distributed == "ray" and cfg.ray.workers == 3 and cfg.ray.init == {"num_cpus": 4}
+    assert isinstance(cfg.ray.gpus_per_worker, float)
+    dump_config(cfg, tmp_path / "dumped.yaml")
+    assert load_config(tmp_path / "dumped.yaml") == cfg
