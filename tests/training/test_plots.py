@@ -83,7 +83,8 @@ def test_the_viewer_reads_a_trainer_runs_trees(trainer_run):
     assert sorted({r.step for r in records}) == [1, 2, 3]
     nodes = [n for t in page_data(records)["trees"] for n in t["nodes"]]
     assert any(n["predicted"] is not None for n in nodes)
-    assert sum(n["alloc"]["continuations"] for n in nodes if n["alloc"]) == 3 * 6  # N·M continuations per step
+    prefix = [n["alloc"] for n in nodes if n["alloc"] and n["alloc"].get("stage") == "prefix"]
+    assert sum(a["continuations"] for a in prefix) == 3 * 6  # N·M continuations per step
 
 
 def test_plot_run_writes_a_png_per_logged_panel(runs):
