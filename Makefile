@@ -47,9 +47,14 @@ test-vllm: $(VSTAMP)
 quickstart: venv
 	$(VENV)/bin/trace-gym rollout --env trace/HotpotQA-v0 --policy expert --episodes 20 --branches 3 --out runs/quickstart/trees.jsonl
 
+# The fast benchmarks (a few minutes each on 2 cores); drop --quick for the full settings.
 bench: venv
 	$(PY) benchmarks/retrieval.py --quick
-	$(PY) benchmarks/snapshot.py
+	$(PY) benchmarks/snapshot.py --quick
+	$(PY) benchmarks/sandbox.py --quick
+	$(PY) benchmarks/bfcl.py --quick
+	$(PY) benchmarks/generation.py --quick
+	$(PY) benchmarks/allocation.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info
