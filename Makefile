@@ -45,7 +45,7 @@ test-vllm: $(VSTAMP)
 	TRACE_GYM_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/python -m pytest -q tests/vllm
 
 quickstart: venv
-	$(VENV)/bin/trace-gym rollout --env trace/HotpotQA-v0 --policy expert --episodes 20 --branches 3 --out runs/quickstart/trees.jsonl
+	$(VENV)/bin/trace-gym train --config configs/quickstart.yaml
 
 # The fast benchmarks (a few minutes each on 2 cores); drop --quick for the full settings.
 bench: venv

@@ -12,6 +12,7 @@ plus a frozen fork of the sandbox; a replay snapshot re-executes the cells.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -194,11 +195,13 @@ class ArithmeticEnv(MathEnv):
     compact_prompt = "Run <python>print(expression)</python>, then reply <answer>the number</answer>."
 
     def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | None = None, n_tasks: int = 2000,
-                 task_seed: int = 0, max_turns: int = 4, **kwargs: Any):
+                 task_seed: int = 0, max_turns: int = 4, word_fraction: float | None = None, **kwargs: Any):
         super().__init__(dataset="math500", max_turns=max_turns, **kwargs)
         if difficulty is not None and config is not None:
             raise ConfigError("expected difficulty or config, got both; pass one")
         self.config = ArithmeticConfig.level(difficulty) if difficulty is not None else (config or ArithmeticConfig())
+        if word_fraction is not None:  # settable from YAML/gym.make without building an ArithmeticConfig
+            self.config = dataclasses.replace(self.config, word_fraction=word_fraction)
         self.n_tasks, self.task_seed = n_tasks, task_seed
 
     def load_tasks(self) -> Sequence[Task]:
