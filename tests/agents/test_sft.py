@@ -60,7 +60,7 @@ def test_sft_raises_held_out_success_above_the_untrained_model(tmp_path, calc_da
 
     model_dir = build_tiny_model(tmp_path / "m", size="nano", seed=0)
     before, _ = evaluate(HFPolicy.from_pretrained(model_dir), held_out, n=40, sampling=greedy)
-    sft(model_dir, calc_data, tmp_path / "out", SFTConfig(steps=200, batch_size=16, lr=3e-3, warmup_steps=10),
+    sft(model_dir, calc_data, tmp_path / "out", SFTConfig(steps=300, batch_size=16, lr=3e-3, warmup_steps=10),
         progress=False)
     after, _ = evaluate(HFPolicy.from_pretrained(tmp_path / "out"), held_out, n=40, sampling=greedy)
     assert after > before and after >= 0.2
