@@ -175,3 +175,35 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, nano_dir):
     full_rows, part_rows = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
     assert [r["step"] for r in part_rows] == [1, 2]
     assert _comparable(full_rows) == _comparable(part_rows)
+
+
+def test_update_raises_positive_advantage_actions_relative_to_negative_ones(tmp_path, nano_dir):
+    from trace_gym.training.trainer import _pad, build_samples, policy_update, token_logprobs
+
+    cfg = tiny_config(tmp_path / "run", nano_dir)
+    trainer = Trainer(cfg)
+    try:
+        rng = np.random.default_rng(0)
+        pool = trainer.stream.take(cfg.alloc.pool_size)
+        values = root_values(trainer.allocator, trainer.predictor, pool)
+        roots, _ = allocate_roots(trainer.allocator, trainer.predictor, pool, trainer.budget, rng, values)
+        trainer.collector.begin_step()
+        trainer.collector.bare_rollouts(roots, seed=1)
+        plan, _ = plan_continuations(trainer.allocator, trainer.predictor, trainer.collector.trees, roots,
+                                     trainer.budget, rng)
+        trainer.collector.continuations(plan, seed=2)
+        samples = build_samples(list(trainer.collector.trees.values()), cfg.optim.advantage)
+        adv = np.array([s.advantage for s in samples])
+        assert (adv > 0).any() and (adv < 0).any()
+
+        def action_logprobs() -> np.ndarray:
+            with torch.no_grad():
+                ids, att, mask, _, _ = _pad(samples, trainer.tokenizer.pad_token_id, torch.device("cpu"))
+                return (token_logprobs(trainer.model, ids, att, 1.0) * mask[:, 1:]).sum(-1).numpy()
+
+        before = action_logprobs()
+        policy_update(trainer.model, trainer.optimizer, samples, cfg.optim, 1.0, trainer.tokenizer.pad_token_id, 0)
+        change = action_logprobs() - before
+        assert change[adv > 0].mean() > change[adv < 0].mean()
+    finally:
+        trainer.close()
