@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trace_gym.agents.chat import encode
 from trace_gym.agents.policy import Generation, Request, SamplingParams
@@ -16,9 +16,14 @@ class ExpertPolicy:
     Requests must carry `messages` and `task`. With a tokenizer the text is also encoded (plus the end-of-turn
     token) so that expert turns can be recorded like sampled ones; logprobs stay empty (an expert does not
     score its text). Sampling parameters other than `n` do not apply: the expert's own seeded noise decides.
+
+    Pass an expert factory (`seed -> Expert`) instead of an expert to make every turn depend on its request
+    alone, as the Policy contract asks: each sample then comes from a fresh expert seeded with
+    `request.seed + sample_index`, whatever the batching or the worker. One shared expert draws from one
+    generator, so its noise depends on the order requests arrive in.
     """
 
-    def __init__(self, expert: Expert, tokenizer=None):
+    def __init__(self, expert: Expert | Callable[[int], Expert], tokenizer=None):
         self.expert = expert
         self.tokenizer = tokenizer
 
@@ -30,7 +35,8 @@ class ExpertPolicy:
                                   f"messages={'set' if req.messages is not None else None}, task={req.task}; "
                                   "fix: Request(messages=info['messages'], task=env.task)")
             for j in range(sampling.n):
-                text = self.expert.act(req.task, list(req.messages))
+                expert = self.expert if isinstance(self.expert, Expert) else self.expert((req.seed or 0) + j)
+                text = expert.act(req.task, list(req.messages))
                 ids: list[int] = []
                 if self.tokenizer is not None:
                     ids = [*encode(self.tokenizer, text), self.tokenizer.eos_token_id]

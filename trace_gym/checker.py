@@ -57,7 +57,9 @@ def _make_factory(env: str | Callable[[], gym.Env[str, str]]) -> Callable[[], Te
     return factory
 
 
-def _play(env: TextEnv, actions: Sequence[str]) -> list[Outcome]:
+def play_outcomes(env: TextEnv, actions: Sequence[str]) -> list[Outcome]:
+    """Step ``actions`` until the episode ends; each step's (observation, reward, terminated, truncated,
+    messages) is what the snapshot contract compares."""
     out = []
     for action in actions:
         if env._done:
@@ -91,7 +93,7 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     # then part of the baseline, and only processes that outlive their episode count as leaks.
     warmup = factory()
     warmup.reset(seed=seed)
-    _play(warmup, warmup.example_actions()[:1])
+    play_outcomes(warmup, warmup.example_actions()[:1])
     warmup.close()
     del warmup
     gc.collect()
@@ -119,24 +121,24 @@ def _check_script(base: TextEnv, other: TextEnv, rng: np.random.Generator, seed:
     for _ in range(20):  # find a prefix that leaves the episode running, so the future has state to diverge on
         base.reset(seed=seed)
         prefix = _script(base, rng, depth)
-        if len(_play(base, prefix)) == len(prefix) and not base._done:
+        if len(play_outcomes(base, prefix)) == len(prefix) and not base._done:
             break
     native, replay = base.snapshot("native"), base.snapshot("replay")
     future = _script(base, rng, depth + 2)
-    reference = _play(base, future)
+    reference = play_outcomes(base, future)
     for i in range(branches):
         base.restore(native)
-        _expect_same(reference, _play(base, future), f"native restore #{i + 1}")
+        _expect_same(reference, play_outcomes(base, future), f"native restore #{i + 1}")
     # A branch that diverges must not change the snapshot it came from.
     base.restore(native)
-    _play(base, [base.action_space.sample() for _ in range(2)])
+    play_outcomes(base, [base.action_space.sample() for _ in range(2)])
     base.restore(replay)
-    _expect_same(reference, _play(base, future), "replay restore")
+    _expect_same(reference, play_outcomes(base, future), "replay restore")
     other.reset(seed=seed + 1)
     other.restore(replay)
-    _expect_same(reference, _play(other, future), "replay restore into a new instance")
+    _expect_same(reference, play_outcomes(other, future), "replay restore into a new instance")
     base.restore(native)
-    _expect_same(reference, _play(base, future), "native restore after other branches")
+    _expect_same(reference, play_outcomes(base, future), "native restore after other branches")
     native.release()
     replay.release()
 

@@ -15,7 +15,8 @@ Choices:
    of the tree as it was before the call, restoring open nodes from replay snapshots. Partial work of the dead
    worker is discarded, so the re-run adds each trajectory once and the budget is the one asked for.
 4. Scripted experts draw from one generator in call order, which depends on how branches are batched; for
-   trees that do not depend on placement use `SeededExpertPolicy`, which seeds the expert per request.
+   trees that do not depend on placement use `ExpertPolicy` with an expert factory,
+   which seeds a fresh expert per request.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams
+from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.experts import Expert
 from trace_gym.snapshot import ReplaySnapshot
@@ -36,7 +37,7 @@ from trace_gym.tree import RolloutTree
 from .collector import CollectStats, TreeCollector
 from .config import RayConfig
 
-__all__ = ["EnvExpert", "RayConfig", "RayTreeCollector", "RolloutWorker", "SeededExpertPolicy", "init_ray"]
+__all__ = ["EnvExpert", "RayConfig", "RayTreeCollector", "RolloutWorker", "init_ray"]
 
 Start = tuple[str, int, int]  # (task id, node id, global rollout index in the stage call)
 
@@ -70,27 +71,6 @@ class EnvExpert:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_env": None}
-
-
-class SeededExpertPolicy:
-    """A scripted `Policy` whose turn for a request comes from a fresh expert seeded with ``request.seed``, so
-    the result depends on the request alone (the Policy contract), not on batching or placement."""
-
-    def __init__(self, make_expert: Callable[[int], Expert]):
-        self.make_expert = make_expert
-
-    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
-        out = []
-        for i, req in enumerate(requests):
-            if req.messages is None or req.task is None:
-                raise ConfigError("expected requests with messages and task for a scripted expert; fix: "
-                                  "collect without a tokenizer")
-            for j in range(sampling.n):
-                seed = (req.seed if req.seed is not None else 0) + j
-                text = self.make_expert(seed).act(req.task, list(req.messages))
-                out.append(Generation(text=text, token_ids=[], logprobs=[], finish_reason="stop", prompt_tokens=0,
-                                      request_index=i, sample_index=j))
-        return out
 
 
 # --------------------------------------------------------------------------------------------- the worker

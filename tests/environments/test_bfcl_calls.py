@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import keyword
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +16,9 @@ literals = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=8,
 )
-names = st.from_regex(r"[a-z_][a-z0-9_]{0,10}(\.[a-z_][a-z0-9_]{0,6})?", fullmatch=True)
+# Python keywords (`in`, `if`) cannot be called or passed by keyword in a call string; BFCL names never are.
+names = st.from_regex(r"[a-z_][a-z0-9_]{0,10}(\.[a-z_][a-z0-9_]{0,6})?", fullmatch=True).filter(
+    lambda n: not any(keyword.iskeyword(part) for part in n.split(".")))
 
 
 def test_python_call_list_decodes_names_keywords_and_positionals():
@@ -73,7 +77,8 @@ def test_decode_never_raises(text):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(names, st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True),
+@given(st.lists(st.tuples(names, st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True).filter(
+                                                     lambda k: not keyword.iskeyword(k)),
                                                  literals, max_size=3)), min_size=1, max_size=3))
 def test_python_call_string_round_trips(calls):
     originals = [Call(name, args) for name, args in calls]

@@ -5,20 +5,10 @@ from hypothesis import strategies as st
 
 from tests.trace_gym.toy_envs import DiceEnv
 from trace_gym import SnapshotError, TraceGymError
-from trace_gym.checker import ConformanceError, check_trace_env
+from trace_gym.checker import ConformanceError, check_trace_env, play_outcomes
 
 ROLL = '<tool_call>{"name": "roll", "arguments": {"sides": 20}}</tool_call>'
 ACTIONS = st.lists(st.one_of(st.just(ROLL), st.just("<answer>7</answer>"), st.text(max_size=40)), max_size=10)
-
-
-def outcomes(env, actions):
-    out = []
-    for a in actions:
-        if env._done:
-            break
-        obs, r, term, trunc, info = env.step(a)
-        out.append((obs, r, term, trunc, info["messages"]))
-    return out
 
 
 def test_reset_info_has_task_messages_and_tools():
@@ -52,15 +42,15 @@ def test_snapshot_before_reset_raises():
 
 @settings(max_examples=60, deadline=None)
 @given(ACTIONS, ACTIONS, st.integers(0, 2**16), st.sampled_from(["native", "replay"]))
-def test_restore_then_replay_gives_identical_outcomes(prefix, future, seed, kind):
+def test_restore_then_replay_gives_identical_play_outcomes(prefix, future, seed, kind):
     env = DiceEnv(max_turns=30)
     env.reset(seed=seed)
-    outcomes(env, prefix)
+    play_outcomes(env, prefix)
     snap = env.snapshot(kind)
-    reference = outcomes(env, future)
+    reference = play_outcomes(env, future)
     for attempt in range(2):  # the snapshot is reusable
         env.restore(snap)
-        got = outcomes(env, future)
+        got = play_outcomes(env, future)
         first_diff = next((i for i, (a, b) in enumerate(zip(reference, got)) if a != b), None)
         assert first_diff is None and len(got) == len(reference), f"attempt {attempt}: diverged at {first_diff}"
 
@@ -70,14 +60,14 @@ def test_restore_then_replay_gives_identical_outcomes(prefix, future, seed, kind
 def test_replay_restore_into_another_instance_equals_native(prefix, future, seed):
     env = DiceEnv(max_turns=30)
     env.reset(seed=seed)
-    outcomes(env, prefix)
+    play_outcomes(env, prefix)
     native, replay = env.snapshot("native"), env.snapshot("replay")
     env.restore(native)
-    via_native = outcomes(env, future)
+    via_native = play_outcomes(env, future)
     other = DiceEnv(max_turns=30)
     other.reset(seed=seed + 1)
     assert other.restore(replay) == env.restore(native)
-    assert outcomes(other, future) == via_native
+    assert play_outcomes(other, future) == via_native
 
 
 def test_snapshot_into_a_different_env_type_raises():

@@ -13,8 +13,9 @@ import pytest
 pytest.importorskip("ray")
 
 from trace_gym.agents.policy import SamplingParams
+from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.training.collector import TreeCollector
-from trace_gym.training.ray_workers import EnvExpert, RayConfig, RayTreeCollector, SeededExpertPolicy
+from trace_gym.training.ray_workers import EnvExpert, RayConfig, RayTreeCollector
 from trace_gym.tree import RolloutTree
 
 ENV_ID = "trace/HotpotQA-v0"
@@ -34,7 +35,7 @@ class SlowPolicy:
 
 
 def expert_policy(delay_s: float = 0.0):
-    policy = SeededExpertPolicy(EnvExpert(ENV_ID, noise=0.5))
+    policy = ExpertPolicy(EnvExpert(ENV_ID, noise=0.5))
     return SlowPolicy(policy, delay_s) if delay_s else policy
 
 
