@@ -139,7 +139,7 @@ def param_vector(model: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from trace_gym.training.trainer import Trainer, sync_weights
+    from trace_gym.training.trainer import Trainer
 
     started = time.perf_counter()
     if args.backend == "vllm":
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         shift = float((model_logprobs(trainer, prompts, tokens_before) - old).abs().max())
         check("weight change is visible", shift > 10 * tol, f"trainer log-probs moved by {shift:.3g}")
         t0 = time.perf_counter()
-        sync_weights(trainer.policy, trainer.model)
+        trainer.sync_weights()
         sync_s = time.perf_counter() - t0
         tokens_after, gap = probe(trainer, prompts)
         check("generation follows the synced weights", gap <= tol,

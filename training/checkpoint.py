@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,23 @@ from trace_gym.errors import ConfigError
 _PREFIX = "step_"
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                    predictor: Any, trainer_state: dict[str, Any], keep: int = 2) -> Path:
-    """Write checkpoint `step` and delete all but the `keep` most recent; returns its folder."""
+def save_checkpoint(run_dir: str | Path, step: int, save_model: Callable[[Path], dict[str, Any] | None],
+                    tokenizer: Any, predictor: Any, trainer_state: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint `step` and delete all but the `keep` most recent; returns its folder.
+
+    ``save_model(folder)`` writes the model folder and returns the optimiser state to keep (`Learner.save`).
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{step:06d}"
     tmp = root / f".tmp-{_PREFIX}{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model")
+    optimizer = save_model(tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save({"optimizer": optimizer.state_dict(), "predictor": predictor.state_dict(), "rng": rng,
+    torch.save({"optimizer": optimizer, "predictor": predictor.state_dict(), "rng": rng,
                 "trainer": trainer_state}, tmp / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

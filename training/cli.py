@@ -1,6 +1,8 @@
 """`trace-gym train` and `trace-gym eval` (the dispatcher in trace_gym/cli.py calls these two functions).
 
     trace-gym train --config configs/quickstart.yaml [key=value ...] [--resume RUN_DIR]
+    torchrun --standalone --nproc-per-node 2 -m trace_gym.cli train --config ... model.strategy=ddp     (data-parallel)
+    trace-gym train --config ... model.strategy=fsdp --ray-ranks 8 --gpus-per-rank 1     (ranks on Ray)
     trace-gym eval  --config configs/quickstart.yaml [key=value ...] [--checkpoint RUN_DIR|CKPT_DIR]
 """
 
@@ -25,6 +27,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
                         help="dotted overrides parsed as YAML, e.g. optim.lr=1e-4 alloc.allocator=grpo")
     if command == "train":
         parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+        parser.add_argument("--ray-ranks", type=int, default=0, metavar="N",
+                            help="run the data-parallel update (model.strategy ddp|fsdp) on N Ray actors")
+        parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="GPUs per Ray rank (with --ray-ranks)")
     else:
         parser.add_argument("--checkpoint", metavar="DIR",
                             help="evaluate this run's last checkpoint (RUN_DIR) or one checkpoint folder")
@@ -50,6 +55,11 @@ def run(command: str, args: argparse.Namespace) -> int:
 
     console = Console()
     cfg = _config(args)
+    if command == "train" and args.ray_ranks:
+        from .launch import ray_train
+
+        print_summary(ray_train(cfg, args.ray_ranks, args.resume, gpus_per_rank=args.gpus_per_rank), console)
+        return 0
     if command == "train":
         return _train(cfg, args.resume, console)
     if command == "eval":
@@ -65,7 +75,8 @@ def _train(cfg: TrainConfig, resume: str | None, console: Any) -> int:
         summary = trainer.train()
     finally:
         trainer.close()
-    print_summary(summary, console)
+    if trainer.lead:  # under torchrun the other ranks only followed the update
+        print_summary(summary, console)
     return 0
 
 

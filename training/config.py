@@ -39,6 +39,12 @@ class ModelConfig:
     """Train under bfloat16 autocast (GPU only; weights and optimiser stay fp32)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy update (large models)."""
+    strategy: Literal["single", "ddp", "fsdp"] = "single"
+    """Policy update: one process, or data-parallel over torchrun's ranks with DDP or FSDP2 (training/learner.py)."""
+    lora_r: int = 0
+    """LoRA rank on the attention and MLP projections (0: train all weights)."""
+    lora_alpha: int = 32
+    """LoRA scale numerator (the adapter is scaled by lora_alpha / lora_r)."""
     vllm_gpu_memory_utilization: float = 0.45
     """Share of GPU memory vLLM may take when it shares the GPU with the trainer."""
     max_batch_size: int = 64
@@ -54,6 +60,10 @@ class ModelConfig:
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "expected 0 < model.vllm_gpu_memory_utilization <= 1, "
                f"got {self.vllm_gpu_memory_utilization}; fix: model.vllm_gpu_memory_utilization=0.45")
         _check(self.max_batch_size >= 1, f"expected model.max_batch_size >= 1, got {self.max_batch_size}")
+        _check(self.strategy in ("single", "ddp", "fsdp"),
+               f"expected model.strategy 'single', 'ddp' or 'fsdp', got {self.strategy!r}; fix: model.strategy=single")
+        _check(self.lora_r >= 0 and self.lora_alpha > 0, f"expected model.lora_r >= 0 and model.lora_alpha > 0, "
+               f"got {self.lora_r}, {self.lora_alpha}; fix: model.lora_r=16 model.lora_alpha=32")
 
 
 @dataclass

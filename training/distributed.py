@@ -240,12 +240,13 @@ def prepare_model(model: nn.Module, strategy: Strategy = "single", lora: LoraSet
     return model
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (the model itself otherwise)."""
     return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
 
 
 def _hf_model(model: nn.Module) -> nn.Module:
-    model = _unwrap(model)
+    model = unwrap(model)
     get_base = getattr(model, "get_base_model", None)  # peft
     return get_base() if callable(get_base) else model
 
@@ -288,11 +289,12 @@ def _micro_batches(batch: UpdateBatch, size: int, count: int) -> Iterator[Update
 
 def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: UpdateBatch, micro_batch: int = 8,
                   clip_low: float = 0.2, clip_high: float | None = None, kl_coef: float = 0.0,
-                  grad_clip: float = 1.0, temperature: float = 1.0) -> dict[str, float]:
+                  grad_clip: float = 1.0, temperature: float = 1.0, bf16: bool = False) -> dict[str, float]:
     """One optimiser step on this rank's rows ``batch`` (all of them without a process group).
 
     The gradient is that of ``policy_loss`` over the rows of all ranks together, normalised by their trained
-    tokens (note 1). Returns step statistics averaged over ranks (``loss/...``; ``loss/grad_norm`` before
+    tokens (note 1). ``bf16``: forward under bfloat16 autocast on CUDA (FSDP2 takes ``param_dtype`` instead).
+    Returns step statistics averaged over ranks (``loss/...``; ``loss/grad_norm`` before
     clipping; ``loss/tokens`` summed).
     """
     if micro_batch < 1:
@@ -317,7 +319,7 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Upd
         if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
             model.set_requires_gradient_sync(last)
         sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
-        with sync:
+        with sync, torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
             logprobs = token_logprobs(model, part.input_ids, part.attention_mask, temperature)[:, 1:]
             adv = part.advantages if part.advantages.dim() == 1 else part.advantages[:, 1:]
             ref = None if part.ref_logprobs is None else part.ref_logprobs[:, 1:]
@@ -349,8 +351,8 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     A collective under FSDP2: every rank must call it. LoRA adapters come back merged (note 3).
     """
     rank, _ = world()
-    inner = _unwrap(model)
-    if _is_fsdp(inner):
+    inner = unwrap(model)
+    if is_fsdp(inner):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -362,7 +364,8 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     return merge_lora(state, scalings) if scalings else state
 
 
-def _is_fsdp(model: nn.Module) -> bool:
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether any part of ``model`` is sharded by FSDP2."""
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in model.modules())

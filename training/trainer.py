@@ -19,14 +19,12 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,9 +43,10 @@ from .allocators import Allocator, StepBudget, expand_counts, make_allocator
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .collector import CollectStats, TreeCollector, context_ids
 from .config import TrainConfig, dump_config
+from .distributed import broadcast_object
 from .evaluate import evaluate_policy
+from .learner import Learner, Sample, join_process_group
 from .logging import MetricsLogger
-from .loss import policy_loss
 from .metrics import calibration_metrics, tree_metrics
 from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix, training_examples
 
@@ -145,16 +144,6 @@ def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree]) -> dict[st
     return out
 
 
-@dataclass
-class Sample:
-    """One trained node: its action ids after its own prefix, behaviour logprobs, one advantage."""
-
-    context: list[int]
-    action: list[int]
-    logprobs: list[float]
-    advantage: float
-
-
 def build_samples(trees: Sequence[RolloutTree], method: str, skip_zero: bool = True) -> list[Sample]:
     """One sample per trained node with recorded tokens and logprobs (each node once, deviation 3)."""
     out = []
@@ -167,85 +156,6 @@ def build_samples(trees: Sequence[RolloutTree], method: str, skip_zero: bool = T
             out.append(Sample(context_ids(tree, node_id), list(node.token_ids), list(node.logprobs), adv))
     return out
 
-
-def _pad(samples: Sequence[Sample], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Right-padded (B, T) ids, attention, action mask, behaviour logprobs; (B,) advantages."""
-    width = max(len(s.context) + len(s.action) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    att = torch.zeros((len(samples), width), dtype=torch.long)
-    mask = torch.zeros((len(samples), width))
-    old = torch.zeros((len(samples), width))
-    for r, s in enumerate(samples):
-        c, a = len(s.context), len(s.action)
-        ids[r, :c + a] = torch.tensor(s.context + s.action)
-        att[r, :c + a] = 1
-        mask[r, c:c + a] = 1.0
-        old[r, c:c + a] = torch.tensor(s.logprobs)
-    adv = torch.tensor([s.advantage for s in samples])
-    return ids.to(device), att.to(device), mask.to(device), old.to(device), adv.to(device)
-
-
-def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(B, T) ids -> (B, T-1) log p(ids[:, 1:]) by the Policy logprob convention (logits / T)."""
-    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
-    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-
-
-def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
-                  cfg: Any, temperature: float, pad_id: int, seed: int, bf16: bool = False,
-                  ref_model: torch.nn.Module | None = None) -> dict[str, float]:
-    """Mini-batches of `cfg.mini_batch` nodes, gradient accumulation over `cfg.micro_batch`, clipped AdamW
-    steps; the loss is training.loss.policy_loss, normalised over each mini-batch's action tokens."""
-    if not samples:
-        return {"loss/nodes": 0.0, "loss/optimizer_steps": 0.0}
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed)
-    sums: dict[str, float] = {}
-    n_stats, steps, norms = 0, 0, []
-    model.train()
-    for _ in range(cfg.epochs):
-        order = torch.randperm(len(samples), generator=gen).tolist()
-        for start in range(0, len(order), cfg.mini_batch):
-            mini = [samples[i] for i in order[start:start + cfg.mini_batch]]
-            num_tokens = float(sum(len(s.action) for s in mini))
-            optimizer.zero_grad(set_to_none=True)
-            for m0 in range(0, len(mini), cfg.micro_batch):
-                ids, att, mask, old, adv = _pad(mini[m0:m0 + cfg.micro_batch], pad_id, device)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
-                    logp = token_logprobs(model, ids, att, temperature)
-                    ref = None
-                    if ref_model is not None:
-                        with torch.no_grad():
-                            ref = token_logprobs(ref_model, ids, att, temperature)
-                loss, stats = policy_loss(logp, old[:, 1:], adv, mask[:, 1:], cfg.clip_low, cfg.clip_high,
-                                          ref, cfg.kl_coef, num_tokens=num_tokens)
-                loss.backward()
-                w = float(mask.sum())
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + (v if k in ("loss/total", "loss/tokens") else v * w)
-                n_stats += w
-            clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
-            optimizer.step()
-            steps += 1
-    model.eval()
-    out = {k: (v if k in ("loss/total", "loss/tokens") else v / max(n_stats, 1.0)) for k, v in sums.items()}
-    out["loss/total"] = sums.get("loss/total", 0.0) / max(steps, 1)
-    out.update({"loss/nodes": float(len(samples)), "loss/optimizer_steps": float(steps),
-                "loss/grad_norm": float(np.mean(norms)) if norms else 0.0,
-                "loss/advantage_abs_mean": float(np.mean([abs(s.advantage) for s in samples]))})
-    return out
-
-
-def sync_weights(policy: Any, model: torch.nn.Module) -> None:
-    """Push the trained weights to the generation backend (nothing to do when it generates with `model`)."""
-    if getattr(policy, "model", None) is model:
-        return
-    update = getattr(policy, "update_weights", None)
-    if update is None:
-        raise ConfigError(f"expected a policy with update_weights(state_dict), got {type(policy).__name__}; "
-                          "fix: use model.backend=hf or a backend that accepts new weights")
-    update(model.state_dict())
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -392,7 +302,7 @@ class Trainer:
     """Holds what lives across steps; `step()` runs the stages once, `train()` runs the loop."""
 
     def __init__(self, cfg: TrainConfig, resume: str | Path | None = None, console: Any = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight loading/saving bars would break the step progress bar
@@ -403,35 +313,38 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.make_env = make_env_factory(cfg.env.id, cfg.env.kwargs)
         self.make_eval_env = make_env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-        state = None
-        ckpt = latest_checkpoint(resume) if resume is not None else None
-        if resume is not None and ckpt is None:
-            raise ConfigError(f"expected a run folder with checkpoints to resume, got {str(resume)!r}; "
-                              "fix: pass the run_dir of a run that saved a checkpoint")
-        if ckpt is not None:
-            state = load_checkpoint(ckpt)
-            model_path = str(ckpt / "model")
-        else:
-            model_path = warm_start(cfg, self.make_env, console)
+        rank, _ = join_process_group(cfg.model.strategy)
+        self.lead = rank == 0  # rank 0 runs the step; other ranks only join the update (training/learner.py)
+        state, model_path = None, None
+        if self.lead:
+            ckpt = latest_checkpoint(resume) if resume is not None else None
+            if resume is not None and ckpt is None:
+                raise ConfigError(f"expected a run folder with checkpoints to resume, got {str(resume)!r}; "
+                                  "fix: pass the run_dir of a run that saved a checkpoint")
+            if ckpt is not None:
+                state = load_checkpoint(ckpt)
+                model_path = str(ckpt / "model")
+            else:
+                model_path = warm_start(cfg, self.make_env, console)
+        model_path, optimizer_state = broadcast_object((model_path, state and state["optimizer"]))
         self.model_path = model_path
+        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                       max_new_tokens=cfg.rollout.max_new_tokens)
+        self.learner = Learner(cfg, model_path, self.device, self.sampling.logprob_temperature, optimizer_state)
+        self.step_count = 0
+        if not self.lead:
+            return
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        self.ref_model = None
-        if cfg.optim.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                           weight_decay=cfg.optim.weight_decay)
-        self.policy = make_policy(cfg, self.model, self.tokenizer, model_path)
+        # The generation backend shares the trained model when it can, else holds its own copy or engine.
+        self.policy = (make_policy(cfg, self.learner.model, self.tokenizer, model_path)
+                       if self.learner.shares_weights else worker_policy(cfg, model_path))
         self.predictor: Predictor = (
             FeaturePredictor(lr=cfg.predictor.lr, steps=cfg.predictor.steps) if cfg.predictor.kind == "features"
-            else HiddenStatePredictor(hidden_state_fn(self.model, self.tokenizer), self.model.config.hidden_size,
+            else HiddenStatePredictor(hidden_state_fn(self._features_model(), self.tokenizer),
+                                      self.learner.config.hidden_size,
                                       lr=cfg.predictor.lr, steps=cfg.predictor.steps, seed=cfg.seed))
         self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
         self.budget = StepBudget(cfg.alloc.roots, cfg.alloc.multiplier)
-        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                       max_new_tokens=cfg.rollout.max_new_tokens)
         self.stream = TaskStream(dataset_of(self.make_env), cfg.seed)
         if cfg.alloc.pool_size > len(self.stream.tasks):
             raise ConfigError(f"expected alloc.pool_size <= the {len(self.stream.tasks)} training prompts, got "
@@ -448,7 +361,6 @@ class Trainer:
             self.collector = TreeCollector(self.policy, self.make_env, self.stream.tasks, self.sampling,
                                            self.tokenizer, cfg.env.snapshot, cfg.env.workers,
                                            cfg.rollout.max_context)
-        self.step_count = 0
         self.history: dict[str, Any] = {"eval": [], "effective_ratio": [], "trajectories": 0, "tokens": 0}
         if state is not None:
             self._load_state(state)
@@ -486,15 +398,10 @@ class Trainer:
             metrics.update(fit_predictor(self.predictor, trees))
         with timer("update"):
             samples = build_samples(trees, cfg.optim.advantage, cfg.optim.skip_zero_advantage)
-            metrics.update(policy_update(self.model, self.optimizer, samples, cfg.optim,
-                                         self.sampling.logprob_temperature, self.tokenizer.pad_token_id,
-                                         seed=sample_seed(cfg.seed, step, 2) or 0, bf16=cfg.model.bf16,
-                                         ref_model=self.ref_model))
+            metrics.update(self.learner.update(samples, sample_seed(cfg.seed, step, 2) or 0,
+                                               self.tokenizer.pad_token_id))
         with timer("sync"):
-            sync_weights(self.policy, self.model)
-            if cfg.distributed == "ray":
-                weights = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-                self.collector.update_weights(weights)  # type: ignore[union-attr]
+            self.sync_weights()
         self.step_count = step
         if cfg.log.saves_trees(step, cfg.steps):
             with open(self.run_dir / "trees.jsonl", "a") as f:
@@ -508,6 +415,28 @@ class Trainer:
         self.history["trajectories"] += stats.trajectories
         self.history["tokens"] += stats.generated_tokens
         return metrics
+
+    def sync_weights(self) -> None:
+        """Push the trained weights to every generation backend that does not share the trained model."""
+        own_engine = not (self.learner.shares_weights and self.cfg.model.backend == "hf")
+        if not own_engine and self.cfg.distributed != "ray":
+            return
+        weights = self.learner.weights()
+        assert weights is not None  # on the lead
+        if own_engine:
+            self.policy.update_weights(weights)
+        if self.cfg.distributed == "ray":
+            self.collector.update_weights(weights)  # type: ignore[union-attr]
+
+    def _features_model(self) -> torch.nn.Module:
+        """The model the hidden-state predictor reads: the hf backend's, else one this process can run."""
+        model = getattr(self.policy, "model", None)
+        return model if isinstance(model, torch.nn.Module) else self.learner.local_model()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained Hugging Face model of this rank (a LoRA model when model.lora_r > 0)."""
+        return self.learner.model
 
     def evaluate(self) -> dict[str, float]:
         """Mean success over `eval.samples` samples of the first `eval.tasks` held-out prompts."""
@@ -524,6 +453,9 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Run up to `cfg.steps` steps with evaluation, checkpoints and progress; returns the summary."""
         cfg = self.cfg
+        if not self.lead:
+            self.learner.follow()
+            return {}
         t_start = time.perf_counter()
         if self.step_count == 0 and cfg.eval.tasks:
             first = self.evaluate()
@@ -537,7 +469,7 @@ class Trainer:
                     metrics.update(self.evaluate())
                 self.logger.log(self.step_count, metrics)
                 if last or (cfg.checkpoint.every and self.step_count % cfg.checkpoint.every == 0):
-                    save_checkpoint(self.run_dir, self.step_count, self.model, self.tokenizer, self.optimizer,
+                    save_checkpoint(self.run_dir, self.step_count, self.learner.save, self.tokenizer,
                                     self.predictor, self._state(), keep=cfg.checkpoint.keep)
                 bar(metrics)
         summary = self.summary(time.perf_counter() - t_start)
@@ -560,6 +492,10 @@ class Trainer:
         }
 
     def close(self) -> None:
+        """Release the followers, the rollout workers and the log (the lead); nothing to do on followers."""
+        if not self.lead:
+            return
+        self.learner.stop()
         self.collector.close()
         self.logger.close()
 
@@ -568,7 +504,6 @@ class Trainer:
         return {"step": self.step_count, "data_position": self.stream.position, "history": self.history}
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
         self.predictor.load_state_dict(state["predictor"])
         self.step_count = int(state["trainer"]["step"])
         self.stream.position = int(state["trainer"]["data_position"])

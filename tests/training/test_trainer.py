@@ -161,7 +161,7 @@ def _run(cfg: TrainConfig, resume=None) -> None:
         trainer.close()
 
 
-def _comparable(rows):
+def comparable(rows):
     return [{k: v for k, v in row.items() if not k.startswith("time/") and not k.endswith("_s")} for row in rows]
 
 
@@ -174,11 +174,13 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, nano_dir):
     _run(resumed, resume=tmp_path / "part")
     full_rows, part_rows = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
     assert [r["step"] for r in part_rows] == [1, 2]
-    assert _comparable(full_rows) == _comparable(part_rows)
+    assert comparable(full_rows) == comparable(part_rows)
 
 
 def test_update_raises_positive_advantage_actions_relative_to_negative_ones(tmp_path, nano_dir):
-    from trace_gym.training.trainer import _pad, build_samples, policy_update, token_logprobs
+    from trace_gym.training.distributed import token_logprobs
+    from trace_gym.training.learner import update_batch
+    from trace_gym.training.trainer import build_samples
 
     cfg = tiny_config(tmp_path / "run", nano_dir)
     trainer = Trainer(cfg)
@@ -198,11 +200,11 @@ def test_update_raises_positive_advantage_actions_relative_to_negative_ones(tmp_
 
         def action_logprobs() -> np.ndarray:
             with torch.no_grad():
-                ids, att, mask, _, _ = _pad(samples, trainer.tokenizer.pad_token_id, torch.device("cpu"))
-                return (token_logprobs(trainer.model, ids, att, 1.0) * mask[:, 1:]).sum(-1).numpy()
+                b = update_batch(samples, trainer.tokenizer.pad_token_id)
+                return (token_logprobs(trainer.model, b.input_ids, b.attention_mask) * b.loss_mask).sum(-1).numpy()
 
         before = action_logprobs()
-        policy_update(trainer.model, trainer.optimizer, samples, cfg.optim, 1.0, trainer.tokenizer.pad_token_id, 0)
+        trainer.learner.update(samples, 0, trainer.tokenizer.pad_token_id)
         change = action_logprobs() - before
         assert change[adv > 0].mean() > change[adv < 0].mean()
     finally:
