@@ -257,8 +257,10 @@ def simulate(quick: bool, seeds: int, steps: int, workers: int, tasks: int = 512
 
 
 # ----------------------------------------------------------------- (b) real envs, the warm-started tiny model
-# "name@key=value" runs allocator ``name`` with extra trainer overrides (here: the proposed predictor fix).
-REAL_ALLOCATORS = ("grpo", "pcl", "treepo", "uniform_active", "active_uniform", "trace", "trace@predictor.lr=0.01")
+# The paper's baselines and its stage ablation: treepo is uniform roots + uniform (random) prefixes, trace is
+# active + active; uniform_active and active_uniform change one stage each.
+REAL_ALLOCATORS = ("grpo", "pcl", "treepo", "uniform_active", "active_uniform", "trace")
+REAL_ENVS = ("trace/Arithmetic-v0", "trace/HotpotQA-v0")
 
 
 def allocation_step(trainer: Any, step: int) -> dict[str, float]:
@@ -285,37 +287,63 @@ def allocation_step(trainer: Any, step: int) -> dict[str, float]:
     row["brier_true"] = float("nan")  # no exact values on real envs
     row["brier"] = float(m.get("predictor/brier", float("nan")))  # against the step's bottom-up targets
     row["mixed_prompts"] = row["effective_ratio"] * row["prompts"]
+    row["prompt_success"] = [t.value(0) for t in trees]  # per prompt: mean leaf reward (grpo: G rollouts)
     return row
 
 
-def real_env(env_id: str, allocators: Sequence[str], seeds: int, steps: int,
-             overrides: Sequence[str]) -> dict[str, Any]:
-    """Each allocator on ``env_id`` at the fixed warm-started tiny model, several data/sampling seeds."""
-    from _common import BENCH_RUNS, env_short, train_config, warm_model
+def difficulty(runs: list[list[dict[str, Any]]], group: int) -> dict[str, Any]:
+    """From grpo's groups of ``group`` rollouts per prompt: how the env's prompts spread over success
+    probability at the fixed policy, and the per-prompt effective ratio that spread implies for 2 rollouts
+    per prompt (trace's smallest root share) and for ``group`` (grpo). Explains real-env effective ratios."""
+    p = np.array([v for rows in runs for r in rows for v in r["prompt_success"]], dtype=np.float64)
+    return {"prompts": len(p), "all_fail": float(np.mean(p == 0)), "all_success": float(np.mean(p == 1)),
+            "mixed": float(np.mean((p > 0) & (p < 1))), "mean_success": float(p.mean()),
+            "histogram": np.histogram(p, bins=np.linspace(0, 1, group + 2))[0].tolist(),
+            "expected_effective_2": float(np.mean(1 - p**2 - (1 - p) ** 2)),
+            f"expected_effective_{group}": float(np.mean(1 - p**group - (1 - p) ** group))}
+
+
+def _real_job(job: tuple[str, str, int, int, tuple[str, ...], str]) -> list[dict[str, float]]:
+    """One allocator and seed on a real env: `steps` allocation steps at the fixed warm-started policy."""
+    import torch
+    from _common import BENCH_RUNS, env_short, train_config
 
     from trace_gym.training.trainer import Trainer
 
+    env_id, allocator, seed, steps, overrides, model = job
+    torch.set_num_threads(1)
+    run_dir = BENCH_RUNS / env_short(env_id) / "alloc" / f"{allocator}-{seed}"
+    cfg = train_config(env_id, run_dir, [f"model.path={model}", "sft.enabled=false", f"seed={seed}",
+                                         f"alloc.allocator={allocator}", "eval.tasks=0", "env.workers=1",
+                                         *overrides])
+    trainer = Trainer(cfg)
+    try:
+        return [allocation_step(trainer, s + 1) for s in range(steps)]
+    finally:
+        trainer.close()
+
+
+def real_env(env_id: str, allocators: Sequence[str], seeds: int, steps: int, overrides: Sequence[str],
+             workers: int) -> dict[str, Any]:
+    """Each allocator on ``env_id`` at the fixed warm-started tiny model, several data/sampling seeds."""
+    from _common import warm_model
+
     model = warm_model(env_id)
+    jobs = [(env_id, a, s, steps, tuple(overrides), model) for a in allocators for s in range(seeds)]
+    with ProcessPoolExecutor(workers) as ex:
+        done = list(ex.map(_real_job, jobs, chunksize=1))
     out: dict[str, Any] = {}
-    for spec in allocators:
-        name, _, extra = spec.partition("@")
-        runs = []
-        for seed in range(seeds):
-            run_dir = BENCH_RUNS / env_short(env_id) / "alloc" / f"{spec.replace('@', '_')}-{seed}"
-            cfg = train_config(env_id, run_dir, [f"model.path={model}", "sft.enabled=false", f"seed={seed}",
-                                                 f"alloc.allocator={name}", "eval.tasks=0", *overrides,
-                                                 *([extra] if extra else [])])
-            trainer = Trainer(cfg)
-            try:
-                runs.append([allocation_step(trainer, s + 1) for s in range(steps)])
-            finally:
-                trainer.close()
-        out[spec] = summarise(runs)
-        out[spec]["brier"] = mean_ci([float(np.nanmean([r["brier"] for r in rows[len(rows) // 2:]]))
-                                      for rows in runs])
-        print(f"  {env_id} {spec}: effective ratio {fmt(out[spec]['effective_ratio'])}", flush=True)
+    for a in allocators:
+        runs = [rows for (_, name, *_), rows in zip(jobs, done) if name == a]
+        out[a] = summarise(runs)
+        out[a]["brier"] = mean_ci([float(np.nanmean([r["brier"] for r in rows[len(rows) // 2:]])) for rows in runs])
+        print(f"  {env_id} {a}: effective ratio {fmt(out[a]['effective_ratio'])}", flush=True)
+    grpo = [rows for (_, name, *_), rows in zip(jobs, done) if name == "grpo"]
+    spread = difficulty(grpo, 8) if grpo else None
+    if spread:
+        print(f"  {env_id} prompts at the fixed policy (grpo groups of 8): {spread}", flush=True)
     return {"env": env_id, "model": model, "seeds": seeds, "steps": steps, "overrides": list(overrides),
-            "allocators": out}
+            "allocators": out, "difficulty": spread}
 
 
 def print_table(title: str, rows: dict[str, Any]) -> None:
@@ -387,11 +415,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-diagnostics", action="store_true")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulation (part a)")
-    parser.add_argument("--real", nargs="*", default=[], metavar="ENV_ID",
-                        help="(b) also measure these envs with the warm-started tiny model, e.g. "
-                             "trace/Arithmetic-v0 trace/HotpotQA-v0 (builds and SFTs the model once, cached)")
+    parser.add_argument("--real", nargs="*", default=None, metavar="ENV_ID",
+                        help="(b) real envs with the warm-started tiny model (built and SFT'd once, cached under "
+                             f"runs/bench); default {' '.join(REAL_ENVS)}, none with --quick")
     parser.add_argument("--real-seeds", type=int, default=2)
-    parser.add_argument("--real-steps", type=int, default=8)
+    parser.add_argument("--real-steps", type=int, default=6)
     parser.add_argument("--real-set", nargs="*", default=["alloc.roots=32", "alloc.multiplier=1",
                                                           "alloc.pool_size=64", "alloc.cap=8"],
                         help="trainer config overrides for part (b)")
@@ -412,8 +440,9 @@ def main() -> None:
         if sim["diagnostics"]:
             print_table("simulation: diagnostics (one change each)", sim["diagnostics"])
         payload["simulation"] = sim
-    payload["real"] = [real_env(env_id, REAL_ALLOCATORS, args.real_seeds, args.real_steps, args.real_set)
-                       for env_id in args.real]
+    real = args.real if args.real is not None else ([] if args.quick else list(REAL_ENVS))
+    payload["real"] = [real_env(env_id, REAL_ALLOCATORS, args.real_seeds, args.real_steps, args.real_set,
+                                args.workers) for env_id in real]
     for r in payload["real"]:
         print_table(f"{r['env']}: tiny model, fixed policy, {r['seeds']} seeds x {r['steps']} steps",
                     r["allocators"])

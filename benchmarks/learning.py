@@ -102,8 +102,8 @@ def main() -> None:
     args = parser.parse_args()
     quick = args.quick
     seeds = args.seeds or (1 if quick else 3)
-    steps = args.steps or (6 if quick else 20)
-    eval_every = 3 if quick else 5
+    steps = args.steps or (6 if quick else 16)
+    eval_every = 3 if quick else 4
     eval_tasks = args.eval_tasks or (50 if quick else 100)
     allocators = ("grpo", "trace") if quick else ("grpo", "pcl", "treepo", "trace")
     shapes = ((32, 1), (16, 3)) if quick else ((32, 1), (16, 3), (8, 7))  # equal total: 64 trajectories/step

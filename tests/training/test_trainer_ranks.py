@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -146,13 +147,20 @@ def test_torchrun_launches_a_data_parallel_run(nano_dir, tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "trace_gym.cli", "train", "--config", str(path)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # Its own session, so that a hang kills torchrun's ranks too, not only torchrun.
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "trace_gym.cli", "train", "--config", str(path)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["trajectories"] == 12
-    assert done.stdout.count("trace-gym train:") == 1  # only the lead prints the table
+    assert stdout.count("trace-gym train:") == 1  # only the lead prints the table
 
 
 def test_ray_launches_a_data_parallel_run(ray_cluster, nano_dir, tmp_path):
