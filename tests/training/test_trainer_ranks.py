@@ -179,3 +179,13 @@ def test_a_data_parallel_strategy_without_a_process_group_says_how_to_launch(nan
         assert key not in os.environ
     with pytest.raises(ConfigError, match="torchrun"):
         Trainer(TrainConfig.from_dict(config(tmp_path / "run", nano_dir, strategy="ddp")))
+
+
+def test_lora_run_resumes_from_its_merged_checkpoint(nano_dir, tmp_path):
+    part = config(tmp_path / "run", nano_dir, lora_r=4, lora_alpha=8)
+    train(part)
+    summary = train({**part, "steps": 2}, resume=tmp_path / "run")
+    assert summary["steps"] == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
+    first, second = weights(tmp_path / "run", 1), weights(tmp_path / "run", 2)
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # the fresh adapter trained on
