@@ -11,13 +11,20 @@ generator's posterior, no memorisation), the learned predictor also fit on a fre
 (removes selection bias without spending budget), an exploration fraction of the root budget, and uniform
 roots in groups of 2 (as many prompts as grpo; the default groups of 8 give tree baselines 4 prompts).
 
+Part (b) runs the trainer's own stages with the warm-started tiny model held fixed on real envs
+(trace/Arithmetic-v0 and trace/HotpotQA-v0 by default; none with --quick), and reports how the env's prompts
+spread over success probability at that policy (from grpo's groups of 8), which decides what any allocator
+can reach there.
+
 Numbers are means over the second half of each run's steps (after the predictor's warm-up), then mean and
-95% t-interval over seeds. Writes benchmarks/results/allocation[_quick].json and allocation_sim.png.
+95% t-interval over seeds. Writes benchmarks/results/allocation[_quick].json, allocation_sim.png and
+allocation_real.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import re
 import sys
@@ -144,6 +151,9 @@ class HintPredictor:
         return {"predictor/examples": float(len(prefixes))}
 
 
+PREDICTOR_DEFAULTS = {name: p.default for name, p in inspect.signature(FeaturePredictor).parameters.items()}
+
+
 @dataclass(frozen=True)
 class Variant:
     """One row: an allocator plus what the diagnostics change."""
@@ -154,8 +164,8 @@ class Variant:
     explore: float = 0.0
     free_uniform_fit: bool = False  # also fit the predictor on a flat grpo batch each step, outside the budget
     group_size: int = 8  # uniform/pcl roots: rollouts per prompt
-    lr: float = 0.05  # FeaturePredictor learning rate (0.05 is the committed default)
-    fit_steps: int = 60  # FeaturePredictor Adam steps per fit (60 is the committed default)
+    lr: float = PREDICTOR_DEFAULTS["lr"]  # FeaturePredictor learning rate
+    fit_steps: int = PREDICTOR_DEFAULTS["steps"]  # FeaturePredictor Adam steps per fit
     replay: int = 0  # fit the learned predictor on the last ``replay`` steps' examples (0: this step's only)
 
 
@@ -169,14 +179,13 @@ def variants(quick: bool) -> tuple[list[Variant], list[Variant]]:
         Variant("trace: + free uniform fit", "trace", free_uniform_fit=True),
         Variant("trace: explore 25%", "trace", explore=0.25),
         Variant("trace: replay last 8 steps", "trace", replay=8),
-        Variant("trace: predictor lr 0.01", "trace", lr=0.01),
-        Variant("grpo: predictor lr 0.01", "grpo", lr=0.01),
+        # The defect found in session 1: lr 0.05 lets each fit overwrite the shared features (predictor.py, 3).
+        Variant("trace: predictor lr 0.05 (old default)", "trace", lr=0.05),
+        Variant("grpo: predictor lr 0.05 (old default)", "grpo", lr=0.05),
     ]
     if not quick:
         diag += [Variant("trace: explore 50%", "trace", explore=0.5),
-                 Variant("trace: predictor 10 Adam steps", "trace", fit_steps=10),
-                 Variant("trace: predictor lr 0.01 + explore 25%", "trace", lr=0.01, explore=0.25)]
-        diag += [Variant(f"{n}: predictor lr 0.01", n, lr=0.01) for n in ("pcl", "uniform_active", "active_uniform")]
+                 Variant("trace: lr 0.05, 10 Adam steps", "trace", lr=0.05, fit_steps=10)]
         diag += [Variant(f"{n} (root groups of 2)", n, group_size=2)
                  for n in ("uniform_uniform", "uniform_active")]  # active roots ignore group_size
     return main, diag
@@ -374,8 +383,8 @@ def plot(sim: dict[str, Any], path: Path) -> None:
     ax1.legend(fontsize=7, loc="lower right")
     s = sim["settings"]
     ax1.set_title(f"simulation, {s['budget_per_step']} trajectories/step, {s['seeds']} seeds", fontsize=9)
-    for lab in ("grpo", "treepo", "trace", "oracle", "trace: + free uniform fit", "trace: predictor lr 0.01",
-                "trace: text-posterior predictor"):
+    for lab in ("grpo", "treepo", "trace", "oracle", "trace: + free uniform fit",
+                "trace: predictor lr 0.05 (old default)", "trace: text-posterior predictor"):
         if lab in rows:
             ax2.plot(rows[lab]["curve"], label=lab)
     ax2.set_xlabel("step")
@@ -428,8 +437,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="result name (default allocation or allocation_quick)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
-    seeds = args.seeds or (3 if args.quick else 10)
-    steps = args.steps or (16 if args.quick else 40)
+    seeds = args.seeds or (3 if args.quick else 8)
+    steps = args.steps or (16 if args.quick else 30)
     start = time.perf_counter()
     name = args.out or ("allocation_quick" if args.quick else "allocation")
     payload: dict[str, Any] = {"machine": machine()}
