@@ -3,8 +3,9 @@
 Every run starts from the same warm-started (SFT) tiny model and spends the same trajectories per step
 (``alloc.roots`` x (1 + ``alloc.multiplier``)); runs differ only in the allocator (grpo, pcl, treepo,
 trace) and the seed (data order, sampling). A second sweep keeps trace and the total fixed and changes the
-budget shape, roots M x continuations N (the paper's Table 2 at small scale). Evaluation: greedy success
-on held-out prompts (another task seed) every ``eval.every`` steps.
+budget shape, roots M x continuations N (the paper's Table 2 at small scale). Evaluation: sampled success
+(T = 1, 2 samples per prompt, as in the quickstart config) on held-out prompts (another task seed) every
+``eval.every`` steps.
 
 Writes benchmarks/results/learning[_quick].json and learning.png; prints tables with 95% intervals over seeds.
 """
@@ -73,7 +74,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax1.plot(t, m, marker="o", label=name)
         ax1.fill_between(t, m - ci, m + ci, alpha=0.15)
     ax1.set_xlabel("trajectories spent")
-    ax1.set_ylabel("held-out success (greedy)")
+    ax1.set_ylabel("held-out success (T=1, 2 samples/prompt)")
     ax1.set_title(f"{ENV}, tiny model, same warm start, {result['settings']['seeds']} seeds", fontsize=9)
     ax1.legend(fontsize=8)
     shapes = result["shapes"]
