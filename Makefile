@@ -55,6 +55,7 @@ bench: venv
 	$(PY) benchmarks/bfcl.py --quick
 	$(PY) benchmarks/generation.py --quick
 	$(PY) benchmarks/allocation.py --quick
+	$(PY) benchmarks/learning.py --quick      # first run: + ~4 min to warm-start the tiny model (cached)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

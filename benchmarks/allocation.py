@@ -427,7 +427,7 @@ def main() -> None:
     parser.add_argument("--real", nargs="*", default=None, metavar="ENV_ID",
                         help="(b) real envs with the warm-started tiny model (built and SFT'd once, cached under "
                              f"runs/bench); default {' '.join(REAL_ENVS)}, none with --quick")
-    parser.add_argument("--real-seeds", type=int, default=2)
+    parser.add_argument("--real-seeds", type=int, default=4)
     parser.add_argument("--real-steps", type=int, default=6)
     parser.add_argument("--real-set", nargs="*", default=["alloc.roots=32", "alloc.multiplier=1",
                                                           "alloc.pool_size=64", "alloc.cap=8"],
@@ -468,7 +468,8 @@ def main() -> None:
     if not args.quick and args.results_dir == RESULTS:
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         for png in pngs:
-            (DOCS_IMG / png.name).write_bytes(png.read_bytes())
+            part = png.stem.rsplit("_", 1)[-1]  # sim or real, whatever --out named the run
+            (DOCS_IMG / f"allocation_{part}.png").write_bytes(png.read_bytes())
 
 
 if __name__ == "__main__":
