@@ -365,7 +365,9 @@ class Trainer:
         if state is not None:
             self._load_state(state)
         dump_config(cfg, self.run_dir / "config.yaml")
-        self.logger = MetricsLogger(self.run_dir, cfg.log, cfg.to_dict(), truncate_after=self.step_count)
+        # A resumed run keeps its rows up to the checkpoint; a fresh run in a used folder starts a new file.
+        self.logger = MetricsLogger(self.run_dir, cfg.log, cfg.to_dict(),
+                                    truncate_after=self.step_count if state is not None else -1)
 
     # ----------------------------------------------------------------- one step
     def step(self) -> dict[str, Any]:

@@ -209,3 +209,11 @@ def test_update_raises_positive_advantage_actions_relative_to_negative_ones(tmp_
         assert change[adv > 0].mean() > change[adv < 0].mean()
     finally:
         trainer.close()
+
+
+def test_a_fresh_run_in_a_used_folder_starts_a_new_metrics_file(tmp_path, nano_dir):
+    data = tiny_config(tmp_path / "run", nano_dir).to_dict()
+    data["eval"] = {"every": 0, "tasks": 2, "samples": 1}  # evaluation logs a step-0 row
+    for _ in range(2):
+        _run(TrainConfig.from_dict(data))
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1]
