@@ -76,6 +76,23 @@ def pyplot() -> Any:
     return plt
 
 
+def ci_bars(ax: Any, rows: dict[str, dict[str, Any]], series: Sequence[tuple[str, str]], rotation: int = 0,
+            fontsize: int = 8) -> None:
+    """Grouped bars on ``ax``: per row label, one bar per (stat key, colour) with its 95% interval."""
+    labels = list(rows)
+    x = np.arange(len(labels))
+    width = 0.8 / len(series)
+    for k, (key, color) in enumerate(series):
+        means = [rows[lab][key]["mean"] for lab in labels]
+        errs = [np.nan_to_num(rows[lab][key]["ci95"] if rows[lab][key]["ci95"] is not None else np.nan)
+                for lab in labels]
+        ax.bar(x + (k - (len(series) - 1) / 2) * width, means, width, yerr=errs, color=color,
+               label=key.replace("_", " "))
+    ax.set_xticks(x, labels, rotation=rotation, fontsize=fontsize)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=fontsize)
+
+
 # ----------------------------------------------------------------- the tiny model on real envs (trainer API)
 QUICKSTART = Path(__file__).parent.parent / "configs" / "quickstart.yaml"
 BENCH_RUNS = Path(__file__).parent.parent / "runs" / "bench"

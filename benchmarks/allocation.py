@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import DOCS_IMG, RESULTS, fmt, machine, mean_ci, pyplot, write_json
+from _common import DOCS_IMG, RESULTS, ci_bars, fmt, machine, mean_ci, pyplot, write_json
 
 from trace_gym.tasks import Task
 from trace_gym.training.allocators import ALLOCATORS, StagedAllocator, StepBudget, make_allocator
@@ -401,16 +401,9 @@ def plot_real(real: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(real), figsize=(5.5 * len(real), 3.8), squeeze=False)
     for ax, r in zip(axes[0], real):
-        labels = list(r["allocators"])
-        x = np.arange(len(labels))
-        for k, (key, color) in enumerate((("effective_ratio", "tab:blue"), ("effective_ratio_sample", "tab:orange"))):
-            means = [r["allocators"][lab][key]["mean"] for lab in labels]
-            errs = [np.nan_to_num(r["allocators"][lab][key]["ci95"]) for lab in labels]
-            ax.bar(x + (k - 0.5) * 0.4, means, 0.4, yerr=errs, color=color, label=key.replace("_", " "))
-        ax.set_xticks(x, labels, rotation=30, fontsize=7)
-        ax.set_ylim(0, 1)
+        ci_bars(ax, r["allocators"], (("effective_ratio", "tab:blue"), ("effective_ratio_sample", "tab:orange")),
+                rotation=30, fontsize=7)
         ax.set_title(f"{r['env']}, tiny model, {r['seeds']} seeds x {r['steps']} steps", fontsize=9)
-        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

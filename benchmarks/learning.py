@@ -23,7 +23,19 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import BENCH_RUNS, DOCS_IMG, RESULTS, fmt, machine, mean_ci, pyplot, train_config, warm_model, write_json
+from _common import (
+    BENCH_RUNS,
+    DOCS_IMG,
+    RESULTS,
+    ci_bars,
+    fmt,
+    machine,
+    mean_ci,
+    pyplot,
+    train_config,
+    warm_model,
+    write_json,
+)
 
 ENV = "trace/Arithmetic-v0"
 
@@ -77,17 +89,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax1.set_ylabel("held-out success (T=1, 2 samples/prompt)")
     ax1.set_title(f"{ENV}, tiny model, same warm start, {result['settings']['seeds']} seeds", fontsize=9)
     ax1.legend(fontsize=8)
-    shapes = result["shapes"]
-    labels = list(shapes)
-    x = np.arange(len(labels))
-    for k, (key, color) in enumerate((("success_after", "tab:green"), ("effective_ratio", "tab:blue"))):
-        ax2.bar(x + (k - 0.5) * 0.4, [shapes[lab][key]["mean"] for lab in labels], 0.4,
-                yerr=[np.nan_to_num(shapes[lab][key]["ci95"] or np.nan) for lab in labels], color=color,
-                label=key.replace("_", " "))
-    ax2.set_xticks(x, labels, fontsize=8)
-    ax2.set_ylim(0, 1)
+    ci_bars(ax2, result["shapes"], (("success_after", "tab:green"), ("effective_ratio", "tab:blue")))
     ax2.set_title("trace, budget shape M roots x N continuations (equal total)", fontsize=9)
-    ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -95,10 +95,7 @@ class Learner:
 
         self.cfg, self.temperature = cfg, temperature  # the logprob convention's T (SamplingParams)
         self.rank, self.world_size = world()
-        m = cfg.model
-        if m.strategy != "single" and self.world_size < 2 and not torch.distributed.is_initialized():
-            raise ConfigError(f"expected a process group for model.strategy={m.strategy}, got none; fix: launch "
-                              "with `torchrun --nproc-per-node N -m trace_gym.cli train ...`")
+        m = cfg.model  # ddp/fsdp without a process group: prepare_model says how to start one
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.config = model.config
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.optim.kl_coef > 0 else None
@@ -139,7 +136,7 @@ class Learner:
     def weights(self) -> dict[str, torch.Tensor] | None:
         """Full weights under the base model's names, LoRA merged, on CPU, on the lead (None elsewhere)."""
         self._command("weights")
-        return full_state_dict(self.module)
+        return self._weights()
 
     def save(self, folder: Path | None) -> dict[str, Any] | None:
         """Write the full weights as a loadable model folder at ``folder`` (lead); returns the optimiser state
