@@ -220,10 +220,18 @@ def sequence_logprobs(model, ids: torch.Tensor, attention_mask: torch.Tensor | N
                       temperature: float = 1.0) -> torch.Tensor:
     """Logprob of each token given the ones before it: (B, T) ids -> (B, T-1), by the policy.py convention.
 
-    With left padding pass `attention_mask`; positions are then derived from it as in generation.
+    With padding pass `attention_mask`; positions then count real tokens only, as in generation. A right-padded
+    mask (every row's ones come first) is dropped: the causal mask alone keeps real tokens from seeing the pads
+    after them, and the fused causal attention kernel runs ~1.5x faster on CPU than with an explicit mask.
     """
     positions = None
+    if attention_mask is not None and bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        attention_mask = None
     if attention_mask is not None:
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=positions).logits[:, :-1].float()
-    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=positions,
+                   use_cache=False).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    # gather - logsumexp instead of log_softmax: no second (B, T, vocab) tensor, which matters at 152k vocab
+    return logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)

@@ -20,6 +20,7 @@ import gymnasium as gym
 import torch
 
 from trace_gym.agents.chat import Conversation, tokenize_episode
+from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.rollout import Episode, play_episodes, success_rate
 from trace_gym.agents.scripted import ExpertPolicy
@@ -82,12 +83,9 @@ def to_sequences(tokenizer, episodes: Sequence[Sequence[Mapping[str, Any]] | Con
 
 
 def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss over positions whose target is trainable. (B, T) right-padded tensors."""
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-    target = ids[:, 1:]
+    """Mean next-token loss over positions whose target is trainable. (B, T) padded tensors."""
     weight = mask[:, 1:].float()
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                            reduction="none").view_as(weight)
+    nll = -sequence_logprobs(model, ids, attention)
     return (nll * weight).sum() / weight.sum().clamp(min=1.0)
 
 

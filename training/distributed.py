@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.errors import ConfigError
 
 from .loss import policy_loss
@@ -254,14 +255,9 @@ def _hf_model(model: nn.Module) -> nn.Module:
 # --------------------------------------------------------------------------------------------- the update
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0) -> torch.Tensor:
-    """(B, T) log-probability of token t at position t under ``log_softmax(logits / temperature)`` (the Policy
-    logprob convention); column 0 is zero. Positions count real tokens only, so left padding is harmless."""
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                   use_cache=False).logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    taken = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    """(B, T) log-probability of token t at position t (`sequence_logprobs` aligned with ``input_ids``);
+    column 0 is zero. Positions count real tokens only, so left padding is harmless."""
+    taken = sequence_logprobs(model, input_ids, attention_mask, temperature)
     return torch.cat([torch.zeros_like(taken[:, :1]), taken], dim=1)
 
 

@@ -144,3 +144,24 @@ def test_request_needs_exactly_one_prompt_form():
         Request()
     with pytest.raises(ConfigError):
         Request(messages=MSGS, prompt_ids=[1])
+
+
+@settings(max_examples=10, deadline=None)
+@given(lengths=st.lists(st.integers(2, 12), min_size=2, max_size=4), left=st.booleans())
+def test_padded_rows_score_like_unpadded_ones(nano_policy, lengths, left):
+    """Right padding takes the mask-free causal path, left padding the masked one: both must give each row's
+    real tokens the logprobs of that row scored alone."""
+    g = torch.Generator().manual_seed(sum(lengths))
+    rows = [torch.randint(3, 200, (n,), generator=g) for n in lengths]
+    width = max(lengths)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[r, span], att[r, span] = row, 1
+    with torch.no_grad():
+        got = sequence_logprobs(nano_policy.model, ids, att)
+        for r, row in enumerate(rows):
+            alone = sequence_logprobs(nano_policy.model, row[None])[0]
+            span = slice(width - len(row), width - 1) if left else slice(0, len(row) - 1)
+            torch.testing.assert_close(got[r, span], alone, atol=1e-4, rtol=0)
