@@ -207,11 +207,6 @@ class ArithmeticEnv(MathEnv):
     def load_tasks(self) -> Sequence[Task]:
         return make_tasks(self.n_tasks, self.config, self.task_seed)
 
-    def system_message(self) -> str:
-        # In the tag format the compact prompt is the whole instruction. The tiny CPU model pays for every
-        # prompt token of every episode: the generic tool instructions made up ~60% of an episode's tokens.
-        return self.compact_prompt if self.action_format == "tags" else super().system_message()
-
     def expert(self, noise: float = 0.0, seed: int = 0) -> Any:
         from trace_gym.environments.math_experts import ArithmeticExpert
 

@@ -69,6 +69,7 @@ class MultiHopQAEnv(ToolEnv):
     """Search-and-answer episodes over one multi-hop QA dataset."""
 
     system_prompt = _SYSTEM_PROMPT
+    compact_prompt = "Search one entity at a time with <search>name</search>, then reply <answer>short phrase</answer>."
 
     def __init__(
         self,

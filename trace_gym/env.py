@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from trace_gym.actions import ActionParser, HermesParser
+from trace_gym.actions import ActionParser, HermesParser, TagParser
 from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
 from trace_gym.snapshot import NativeSnapshot, ReplaySnapshot, Snapshot
 from trace_gym.spaces import String
@@ -222,6 +222,9 @@ class ToolEnv(TextEnv):
     """
 
     system_prompt: str = "You are a helpful assistant that solves the task step by step, using tools."
+    compact_prompt: str | None = None
+    """The whole system message in the tag format, when set: small models pay for every prompt token of every
+    episode, and the generic tool instructions can be most of an episode's tokens."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, parser: ActionParser | None = None,
                  **kwargs: Any):
@@ -239,7 +242,10 @@ class ToolEnv(TextEnv):
         return {t.name: t for t in self.tools()}
 
     def system_message(self) -> str:
-        """The system prompt followed by the parser's instructions for the declared tools."""
+        """The system prompt followed by the parser's instructions for the declared tools (or, in the tag format,
+        ``compact_prompt`` when the env has one)."""
+        if self.compact_prompt is not None and isinstance(self.parser, TagParser):
+            return self.compact_prompt
         return self.system_prompt + "\n\n" + self.parser.instructions(list(self.tool_map.values()))
 
     def begin(self, task: Task) -> str:

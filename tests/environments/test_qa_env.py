@@ -84,6 +84,21 @@ def test_reset_info_and_prompt(cache: Path) -> None:
     assert "<tool_call>" in info["messages"][0]["content"]
 
 
+def test_tag_format_gets_the_compact_prompt_and_its_expert_follows_it(cache: Path) -> None:
+    """The tiny model's format: one short line instead of ~500 characters of tool instructions per episode."""
+    env = make(cache, action_format="tags")
+    _, info = env.reset(options={"index": 0})
+    system = info["messages"][0]["content"]
+    assert system == env.unwrapped.compact_prompt and len(system) < 120
+    assert "<search>" in system and "<answer>" in system
+    expert = env.unwrapped.expert()
+    reward, done = 0.0, False
+    while not done:
+        _, reward, terminated, truncated, _ = env.step(expert.act(env.unwrapped.task, env.unwrapped.messages))
+        done = terminated or truncated
+    assert reward == 1.0
+
+
 def test_search_observation_lists_numbered_passages(cache: Path) -> None:
     env = make(cache, dataset="musique", top_k=2)
     env.reset(options={"index": 0})
