@@ -194,11 +194,17 @@ class ArithmeticEnv(MathEnv):
                      "tool), read the output, then reply <answer>the number</answer>.")
     compact_prompt = "Run <python>print(expression)</python>, then reply <answer>the number</answer>."
 
-    def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | None = None, n_tasks: int = 2000,
+    def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | Mapping[str, Any] | None = None,
+                 n_tasks: int = 2000,
                  task_seed: int = 0, max_turns: int = 4, word_fraction: float | None = None, **kwargs: Any):
         super().__init__(dataset="math500", max_turns=max_turns, **kwargs)
         if difficulty is not None and config is not None:
             raise ConfigError("expected difficulty or config, got both; pass one")
+        if isinstance(config, Mapping):  # from YAML or gym.make: {min_ops: 1, max_ops: 6, ...}
+            known = {f.name for f in dataclasses.fields(ArithmeticConfig)}
+            if set(config) - known:
+                raise ConfigError(f"expected config keys among {sorted(known)}, got {sorted(set(config) - known)}")
+            config = ArithmeticConfig(**config)
         self.config = ArithmeticConfig.level(difficulty) if difficulty is not None else (config or ArithmeticConfig())
         if word_fraction is not None:  # settable from YAML/gym.make without building an ArithmeticConfig
             self.config = dataclasses.replace(self.config, word_fraction=word_fraction)

@@ -2,6 +2,7 @@
 
 import json
 
+import gymnasium as gym
 import pytest
 
 from trace_gym.checker import check_trace_env
@@ -94,6 +95,17 @@ def test_arithmetic_difficulty_controls_operator_count() -> None:
     hard = make_tasks(50, ArithmeticConfig.level(5), seed=0)
     assert {t.meta["ops"] for t in easy} == {1} and {t.meta["ops"] for t in hard} == {4}
     assert all(str(eval(t.meta["expression"])) == t.answer for t in easy + hard)
+
+
+def test_arithmetic_config_from_a_mapping_as_yaml_gives_it() -> None:
+    env = gym.make("trace/Arithmetic-v0", config={"min_ops": 5, "max_ops": 5, "word_fraction": 0.0}, n_tasks=20)
+    try:
+        env.reset(seed=0)
+        assert {t.meta["ops"] for t in env.unwrapped.tasks} == {5}
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="max_op"):
+        ArithmeticEnv(config={"max_op": 5})
 
 
 def test_bad_configuration_raises_with_a_fix() -> None:
