@@ -56,6 +56,22 @@ def test_feature_predictor_generalises_from_prompt_words():
     assert new[0] > 0.6 > 0.4 > new[1]
 
 
+def test_feature_predictor_tells_operator_count_of_unseen_expressions():
+    """Arithmetic prompts differ in operators and size, not in words: one operator fails, two succeed."""
+    rng = np.random.default_rng(0)
+
+    def prompt(ops: int) -> str:
+        terms = [str(rng.integers(1, 100)) for _ in range(ops + 1)]
+        return "Compute " + "".join(f"{t} {rng.choice(['+', '-', '*'])} " for t in terms[:-1]) + terms[-1] + "."
+
+    seen = [Prefix(f"t{i}", prompt(1 + i % 2)) for i in range(64)]
+    pred = FeaturePredictor()
+    for _ in range(20):  # 20 training steps' fits at the default rate
+        pred.fit(seen, np.array([i % 2 for i in range(64)], dtype=float), np.ones(64))
+    one, two = (pred.predict([Prefix(f"new{k}{i}", prompt(k)) for i in range(32)]) for k in (1, 2))
+    assert two.min() > 0.6 and one.max() < 0.4, (one.max(), two.min())
+
+
 def test_feature_predictor_state_round_trip():
     prefixes, targets, weights = _data()
     a = FeaturePredictor(dim=512)
