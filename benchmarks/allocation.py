@@ -315,16 +315,37 @@ def allocation_step(trainer: Any, step: int) -> dict[str, float]:
     return row
 
 
-def difficulty(runs: list[list[dict[str, Any]]], group: int) -> dict[str, Any]:
+def difficulty(runs: list[list[dict[str, Any]]], group: int, pool: int, roots: int, cap: int) -> dict[str, Any]:
     """From grpo's groups of ``group`` rollouts per prompt: how the env's prompts spread over success
-    probability at the fixed policy, and the per-prompt effective ratio that spread implies for 2 rollouts
-    per prompt (trace's smallest root share) and for ``group`` (grpo). Explains real-env effective ratios."""
+    probability at the fixed policy, the per-prompt effective ratio that spread implies for 2 rollouts per
+    prompt (trace's smallest root share) and for ``group`` (grpo), and what trace's root stage would reach
+    with exact values (`exact_roots_effective`). Explains real-env effective ratios."""
     p = np.array([v for rows in runs for r in rows for v in r["prompt_success"]], dtype=np.float64)
     return {"prompts": len(p), "all_fail": float(np.mean(p == 0)), "all_success": float(np.mean(p == 1)),
             "mixed": float(np.mean((p > 0) & (p < 1))), "mean_success": float(p.mean()),
             "histogram": np.histogram(p, bins=np.linspace(0, 1, group + 2))[0].tolist(),
             "expected_effective_2": float(np.mean(1 - p**2 - (1 - p) ** 2)),
-            f"expected_effective_{group}": float(np.mean(1 - p**group - (1 - p) ** group))}
+            f"expected_effective_{group}": float(np.mean(1 - p**group - (1 - p) ** group)),
+            "exact_roots_effective": exact_roots_effective(p, pool, roots, cap)}
+
+
+def exact_roots_effective(p: np.ndarray, pool: int, roots: int, cap: int, draws: int = 200) -> dict[str, float]:
+    """Trace's root stage fed exact values, on pools drawn from the measured per-prompt successes ``p``
+    (a plug-in: each prompt's success is its grpo group's mean): the expected per-prompt effective ratio of
+    the root rollouts alone (continuations only add to it) and the expected mixed prompts per step."""
+    from trace_gym.training.allocation import root_utility, solve_roots
+
+    rng = np.random.default_rng(0)
+    ratios, mixed, chosen = [], [], []
+    for _ in range(draws):
+        v = rng.choice(p, size=min(pool, len(p)), replace=False)
+        m = solve_roots(v, roots, cap)
+        u = root_utility(v[m > 0], m[m > 0])
+        ratios.append(float(u.mean()))
+        mixed.append(float(u.sum()))
+        chosen.append(int((m > 0).sum()))
+    return {"ratio": float(np.mean(ratios)), "mixed_prompts": float(np.mean(mixed)),
+            "prompts": float(np.mean(chosen))}
 
 
 def _real_job(job: tuple[str, str, str, int, int, tuple[str, ...], str]) -> list[dict[str, float]]:
@@ -350,7 +371,7 @@ def _real_job(job: tuple[str, str, str, int, int, tuple[str, ...], str]) -> list
 def real_env(case: str, allocators: Sequence[str], seeds: int, steps: int, overrides: Sequence[str],
              workers: int) -> dict[str, Any]:
     """Each allocator on the real-env ``case`` at the fixed warm-started tiny model, several seeds."""
-    from _common import warm_model
+    from _common import BENCH_RUNS, train_config, warm_model
 
     env_id, own = REAL_CASES[case]
     model = warm_model(env_id)
@@ -364,7 +385,8 @@ def real_env(case: str, allocators: Sequence[str], seeds: int, steps: int, overr
         out[a]["brier"] = mean_ci([_finite_mean([r["brier"] for r in rows[len(rows) // 2:]]) for rows in runs])
         print(f"  {case} {a}: effective ratio {fmt(out[a]['effective_ratio'])}", flush=True)
     grpo = [rows for (_, _, name, *_), rows in zip(jobs, done) if name == "grpo"]
-    spread = difficulty(grpo, 8) if grpo else None
+    a = train_config(env_id, BENCH_RUNS, [*own, *overrides]).alloc
+    spread = difficulty(grpo, a.group_size, a.pool_size, a.roots, a.cap) if grpo else None
     if spread:
         print(f"  {case} prompts at the fixed policy (grpo groups of 8): {spread}", flush=True)
     return {"case": case, "env": env_id, "model": model, "seeds": seeds, "steps": steps,
@@ -375,10 +397,11 @@ def print_table(title: str, rows: dict[str, Any]) -> None:
     cols = ["effective_ratio", "effective_ratio_sample", "mixed_prompts", "pairs_per_trajectory",
             "pairs_per_1k_tokens", "tokens", "success"]
     cols.append("brier" if "brier" in next(iter(rows.values())) else "brier_true")
+    width = max(map(len, rows)) + 2
     print(f"\n{title}")
-    print(f"{'':34s}" + "".join(f"{c[:22]:>24s}" for c in cols))
+    print(" " * width + "".join(f"{c[:22]:>24s}" for c in cols))
     for label, r in rows.items():
-        print(f"{label:34s}" + "".join(f"{fmt(r[c], 1 if c in ('tokens', 'pairs_per_1k_tokens') else 3):>24s}"
+        print(f"{label:{width}s}" + "".join(f"{fmt(r[c], 1 if c in ('tokens', 'pairs_per_1k_tokens') else 3):>24s}"
                                         for c in cols))
 
 

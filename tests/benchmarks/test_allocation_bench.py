@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "allocation.py"
@@ -49,3 +50,16 @@ def test_oracle_beats_trace_beats_grpo_on_effective_ratio(result: dict) -> None:
     rows = result["simulation"]["allocators"]
     eff = {name: rows[name]["effective_ratio"]["mean"] for name in ("oracle", "trace", "grpo")}
     assert eff["oracle"] >= eff["trace"] >= eff["grpo"], eff
+
+
+def test_exact_roots_estimate_follows_the_difficulty_spread() -> None:
+    """Certain prompts give the root stage nothing to find. On coin flips 32 roots yield 8 mixed prompts in
+    expectation however they are split (pairs: 16 x 0.5; triples: 10 x 0.75 + 0.5), each mixed with
+    probability 0.5 to 0.75."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    from allocation import exact_roots_effective
+
+    certain = exact_roots_effective(np.array([0.0, 1.0] * 40), pool=64, roots=32, cap=8, draws=5)
+    assert certain["ratio"] == 0.0 and certain["mixed_prompts"] == 0.0
+    coin = exact_roots_effective(np.full(80, 0.5), pool=64, roots=32, cap=8, draws=5)
+    assert coin["mixed_prompts"] == pytest.approx(8.0) and 0.5 <= coin["ratio"] <= 0.75
