@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
@@ -126,15 +125,20 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def host_store(host: str, world_size: int) -> dist.TCPStore:
+    """A rendezvous store listening on a port the OS picks, for ranks that join with ``TORCHELASTIC_USE_AGENT_STORE``
+    (as under torchrun). Held by the caller for the whole run, so no other process can take the port between
+    choosing it and binding it, the race of picking a free port and letting rank 0 bind it later."""
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False)
+
+
+def _join_hosted(addr: str, port: int, rank: int, world_size: int, local_rank: int) -> None:
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(local_rank), TORCHELASTIC_USE_AGENT_STORE="True")
 
 
 def _spawned(rank: int, world_size: int, port: int, backend: str, fn: Callable[..., Any], args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
+    _join_hosted("127.0.0.1", port, rank, world_size, rank)
     torch.set_num_threads(1)  # one process per core; oversubscribed threads are slower, not faster
     init_from_env(backend)
     try:
@@ -152,22 +156,25 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | No
         raise ConfigError(f"expected world_size >= 1, got {world_size}")
     backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size
                           else "gloo")
-    mp.spawn(_spawned, args=(world_size, free_port(), backend, fn, args), nprocs=world_size, join=True)
+    store = host_store("127.0.0.1", world_size)  # listens until spawn returns
+    mp.spawn(_spawned, args=(world_size, store.port, backend, fn, args), nprocs=world_size, join=True)
 
 
 class _Rank:
     """A Ray actor that joins a process group as one rank (see `ray_run`)."""
 
-    def address(self) -> tuple[str, int]:
+    def host(self, world_size: int) -> tuple[str, int]:
+        """Host the group's rendezvous store (rank 0's actor, for as long as it lives); its address."""
         import ray
 
-        return ray.util.get_node_ip_address(), free_port()
+        addr = ray.util.get_node_ip_address()
+        self._store = host_store(addr, world_size)
+        return addr, self._store.port
 
     def run(self, rank: int, world_size: int, master: tuple[str, int], backend: str, fn: Callable[..., Any],
             args: tuple) -> Any:
         # Ray gives each actor its own CUDA_VISIBLE_DEVICES, so the actor's GPU is always device 0.
-        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        _join_hosted(master[0], master[1], rank, world_size, 0)
         init_from_env(backend)
         try:
             return fn(rank, world_size, *args)
@@ -187,7 +194,7 @@ def ray_run(fn: Callable[..., Any], world_size: int, *args: Any, num_gpus_per_ra
     actor = ray.remote(num_cpus=num_cpus_per_rank, num_gpus=num_gpus_per_rank)(_Rank)
     ranks = [actor.remote() for _ in range(world_size)]
     try:
-        master = ray.get(ranks[0].address.remote())
+        master = ray.get(ranks[0].host.remote(world_size))
         return ray.get([r.run.remote(i, world_size, master, backend, fn, args) for i, r in enumerate(ranks)])
     finally:
         for r in ranks:

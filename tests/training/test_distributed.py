@@ -19,6 +19,7 @@ from trace_gym.training.distributed import (  # noqa: E402
     UpdateBatch,
     broadcast_object,
     full_state_dict,
+    host_store,
     policy_update,
     prepare_model,
     ray_run,
@@ -156,3 +157,14 @@ def test_update_launched_by_ray_equals_single_process(ray_cluster):
     first, second = ray_run(_ddp_rank, 2)
     assert second is None
     _assert_same_update(first, _single()[1])
+
+
+def test_the_rendezvous_port_stays_held_until_the_ranks_join() -> None:
+    """spawn and ray_run host the store themselves: no gap between choosing the port and binding it."""
+    import socket
+
+    store = host_store("127.0.0.1", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
+        s.bind(("127.0.0.1", store.port))
+    store.set("k", "v")
+    assert store.get("k") == b"v"
