@@ -440,6 +440,9 @@ def plot_real(real: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(real), figsize=(5.5 * len(real), 3.8), squeeze=False)
     for ax, r in zip(axes[0], real):
+        exact = (r.get("difficulty") or {}).get("exact_roots_effective")
+        if exact:  # drawn first so that ci_bars' legend lists it
+            ax.axhline(exact["ratio"], color="gray", ls="--", lw=1, label="trace roots, exact values")
         ci_bars(ax, r["allocators"], (("effective_ratio", "tab:blue"), ("effective_ratio_sample", "tab:orange")),
                 rotation=30, fontsize=7)
         ax.set_title(f"{r['case']}, tiny model, {r['seeds']} seeds x {r['steps']} steps", fontsize=9)
