@@ -310,6 +310,7 @@ def allocation_step(trainer: Any, step: int) -> dict[str, float]:
     row = {k: float(m.get(key, float("nan"))) for k, key in METRICS.items() if key}
     row["brier_true"] = float("nan")  # no exact values on real envs
     row["brier"] = float(m.get("predictor/brier", float("nan")))  # against the step's bottom-up targets
+    row["root_rank_corr"] = float(m.get("predictor/root_rank_corr", float("nan")))  # does it rank the prompts?
     row["mixed_prompts"] = row["effective_ratio"] * row["prompts"]
     row["prompt_success"] = [t.value(0) for t in trees]  # per prompt: mean leaf reward (grpo: G rollouts)
     return row
@@ -382,7 +383,8 @@ def real_env(case: str, allocators: Sequence[str], seeds: int, steps: int, overr
     for a in allocators:
         runs = [rows for (_, _, name, *_), rows in zip(jobs, done) if name == a]
         out[a] = summarise(runs)
-        out[a]["brier"] = mean_ci([_finite_mean([r["brier"] for r in rows[len(rows) // 2:]]) for rows in runs])
+        for key in ("brier", "root_rank_corr"):
+            out[a][key] = mean_ci([_finite_mean([r[key] for r in rows[len(rows) // 2:]]) for rows in runs])
         print(f"  {case} {a}: effective ratio {fmt(out[a]['effective_ratio'])}", flush=True)
     grpo = [rows for (_, _, name, *_), rows in zip(jobs, done) if name == "grpo"]
     a = train_config(env_id, BENCH_RUNS, [*own, *overrides]).alloc

@@ -55,6 +55,24 @@ def brier(pred: np.ndarray, target: np.ndarray, weights: np.ndarray | None = Non
     return float(np.sum(w * (p - t) ** 2) / w.sum()) if w.sum() > 0 else float("nan")
 
 
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (ties get their average rank); NaN below 3 points or when either side is
+    constant, where no ranking can be read."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 3:
+        return float("nan")
+    ra, rb = _average_ranks(a), _average_ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    first = np.cumsum(counts) - counts
+    return (first + (counts - 1) / 2.0)[inverse]
+
+
 def reliability_bins(pred: np.ndarray, target: np.ndarray, weights: np.ndarray | None = None,
                      n_bins: int = 10) -> list[dict[str, float]]:
     """Per equal-width bin of the prediction: bounds, total weight, mean prediction and mean target."""

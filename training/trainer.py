@@ -47,7 +47,7 @@ from .distributed import broadcast_object
 from .evaluate import evaluate_policy
 from .learner import Learner, Sample, join_process_group
 from .logging import MetricsLogger
-from .metrics import calibration_metrics, tree_metrics
+from .metrics import brier, calibration_metrics, rank_correlation, tree_metrics
 from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix, training_examples
 
 if TYPE_CHECKING:
@@ -139,7 +139,12 @@ def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree]) -> dict[st
     prefixes, targets, weights = training_examples(trees)
     if not prefixes:
         return {"predictor/examples": 0.0}
-    out: dict[str, Any] = calibration_metrics(predictor.predict(prefixes), targets, weights)
+    pred = predictor.predict(prefixes)
+    out: dict[str, Any] = calibration_metrics(pred, targets, weights)
+    # Roots alone: does the predictor rank this step's prompts? (what stage 1 needs; deeper prefixes are easier)
+    roots = np.array([p.depth == 0 for p in prefixes])
+    out["predictor/root_brier"] = brier(pred[roots], targets[roots], weights[roots]) if roots.any() else float("nan")
+    out["predictor/root_rank_corr"] = rank_correlation(pred[roots], targets[roots])
     out.update(predictor.fit(prefixes, targets, weights))
     return out
 

@@ -6,6 +6,7 @@ from trace_gym.training.metrics import (
     calibration_metrics,
     contrastive_pairs,
     nonzero_fraction,
+    rank_correlation,
     reliability_bins,
     tree_metrics,
 )
@@ -29,6 +30,15 @@ def test_nonzero_fraction_counts_trained_nodes_only():
 def test_brier_hand_value():
     assert brier(np.array([0.2, 0.9]), np.array([0.0, 1.0]), np.array([1.0, 3.0])) == pytest.approx(
         (0.04 + 3 * 0.01) / 4)
+
+
+def test_rank_correlation_hand_values():
+    assert rank_correlation(np.array([0.1, 0.2, 0.3]), np.array([0.0, 0.5, 1.0])) == pytest.approx(1.0)
+    assert rank_correlation(np.array([0.3, 0.2, 0.1]), np.array([0.0, 0.5, 1.0])) == pytest.approx(-1.0)
+    # ties take their average rank: ranks (1.5, 1.5, 3) against (1, 2, 3) -> Pearson sqrt(3) / 2
+    assert rank_correlation(np.array([0.5, 0.5, 0.9]), np.array([0.0, 0.2, 1.0])) == pytest.approx(np.sqrt(3) / 2)
+    assert np.isnan(rank_correlation(np.array([0.5, 0.5, 0.5]), np.array([0.0, 0.5, 1.0])))  # no ranking
+    assert np.isnan(rank_correlation(np.array([0.1, 0.2]), np.array([0.0, 1.0])))
 
 
 def test_reliability_bins_hand_values():

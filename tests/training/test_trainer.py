@@ -130,6 +130,8 @@ def test_one_step_changes_parameters_and_predictor(tmp_path, nano_dir):
         metrics = trainer.step()
         assert metrics["rollout/trajectories"] == 12 == metrics["alloc/budget"]  # M·(1+N)
         assert metrics["loss/nodes"] > 0
+        # scored before the first fit: every root at 0.5, so no ranking, and a Brier of at most 0.25
+        assert np.isnan(metrics["predictor/root_rank_corr"]) and 0 <= metrics["predictor/root_brier"] <= 0.25
         assert any(not torch.equal(a, b) for a, b in zip(params, trainer.model.parameters()))
         assert not np.array_equal(w_before, trainer.predictor.state_dict()["w"])
     finally:
