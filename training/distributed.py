@@ -143,6 +143,7 @@ def _spawned(rank: int, world_size: int, port: int, backend: str, fn: Callable[.
     init_from_env(backend)
     try:
         fn(rank, world_size, *args)
+        dist.barrier()  # leave together: a rank tearing down while its peer still talks aborts the peer (gloo)
     finally:
         dist.destroy_process_group()
 
@@ -177,7 +178,9 @@ class _Rank:
         _join_hosted(master[0], master[1], rank, world_size, 0)
         init_from_env(backend)
         try:
-            return fn(rank, world_size, *args)
+            out = fn(rank, world_size, *args)
+            dist.barrier()  # leave together, as in spawn
+            return out
         finally:
             dist.destroy_process_group()
 
