@@ -387,10 +387,10 @@ def real_env(case: str, allocators: Sequence[str], seeds: int, steps: int, overr
             out[a][key] = mean_ci([_finite_mean([r[key] for r in rows[len(rows) // 2:]]) for rows in runs])
         print(f"  {case} {a}: effective ratio {fmt(out[a]['effective_ratio'])}", flush=True)
     grpo = [rows for (_, _, name, *_), rows in zip(jobs, done) if name == "grpo"]
-    a = train_config(env_id, BENCH_RUNS, [*own, *overrides]).alloc
-    spread = difficulty(grpo, a.group_size, a.pool_size, a.roots, a.cap) if grpo else None
+    budget = train_config(env_id, BENCH_RUNS, [*own, *overrides]).alloc
+    spread = difficulty(grpo, budget.group_size, budget.pool_size, budget.roots, budget.cap) if grpo else None
     if spread:
-        print(f"  {case} prompts at the fixed policy (grpo groups of 8): {spread}", flush=True)
+        print(f"  {case} prompts at the fixed policy (grpo groups of {budget.group_size}): {spread}", flush=True)
     return {"case": case, "env": env_id, "model": model, "seeds": seeds, "steps": steps,
             "overrides": [*own, *overrides], "allocators": out, "difficulty": spread}
 

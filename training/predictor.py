@@ -9,7 +9,7 @@ Deviations and choices where the paper is silent:
    counts, whether an answer was given, and task id × depth × error count): cheap, needs no GPU, learns
    per-prompt difficulty from the recurring task id, and carries it to unseen prompts through the shared
    features. Symbols and size matter: with words only, "Compute 3 + 45." and "Compute 3 * 4 - 45." shared
-   no feature telling one operator from two, and on Arithmetic level 2 trace's roots were near random.
+   no feature telling one operator from two.
 3. Each ``fit`` call runs a fixed number of full-batch Adam steps from the current weights (online
    learning across training steps, no replay buffer). Adam moves a weight by about lr per step whatever the
    gradient's size, so one fit moves it by at most about lr x steps = 0.6 logits at the default lr 0.01. At
@@ -131,6 +131,7 @@ class FeaturePredictor:
         """Sparse (columns, values) of one prefix."""
         n_err = sum(prefix.errors)
         last_action, last_obs = prefix.turns[-1] if prefix.turns else ("", "")
+        prompt = _WORD.findall(prefix.prompt[: self.max_chars].lower())
         dense = [1.0, prefix.depth / 8.0, n_err / 8.0, n_err / max(prefix.depth, 1),
                  float("<answer>" in last_action), float(bool(prefix.errors and prefix.errors[-1]))]
         cols = list(range(self._DENSE))
@@ -139,8 +140,8 @@ class FeaturePredictor:
             "id": [prefix.task_id],
             "x": [f"{prefix.task_id}:{prefix.depth}:{n_err}"],  # task × progress: memorises per-state values
             "d": [str(min(prefix.depth, 16))],
-            "n": [_size_bucket(len(_WORD.findall(prefix.prompt)))],  # prompt size: shared by unseen prompts
-            "p": _ngrams(prefix.prompt[: self.max_chars]),
+            "n": [_size_bucket(len(prompt))],  # prompt size: a feature unseen prompts share
+            "p": _with_bigrams(prompt),
             "a": _ngrams(last_action[-self.max_chars:]),
             "o": _ngrams(last_obs[-self.max_chars:]),
         }
@@ -213,7 +214,10 @@ def _size_bucket(n: int) -> str:
 
 
 def _ngrams(text: str) -> list[str]:
-    words = _WORD.findall(text.lower())
+    return _with_bigrams(_WORD.findall(text.lower()))
+
+
+def _with_bigrams(words: list[str]) -> list[str]:
     return words + [f"{a}_{b}" for a, b in itertools.pairwise(words)]
 
 
