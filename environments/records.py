@@ -118,7 +118,7 @@ def find_column(record: Mapping[str, Any], names: Sequence[str]) -> str | None:
     def key(name: str) -> str:
         return name.lower().replace("_", "").replace(" ", "")
 
-    present = {key(k): k for k in record}
+    present = {key(k): k for k in record if isinstance(k, str)}
     for name in names:
         if key(name) in present:
             return present[key(name)]

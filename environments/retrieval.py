@@ -420,7 +420,7 @@ def query_window(text: str, max_chars: int, weights: dict[str, float], tokenize:
             continue  # this span is already visible in the plain opening
         span = set(tokenize(text[m.end(): m.end() + half]))
         score = sum(w for t, w in weights.items() if t in span and t not in shown)
-        if score > best + 1e-9:
+        if score > 0 and score >= best - 1e-9:  # ties: the latest start, so the span opens on the match
             best, start = score, m.end()
     if start < 0:
         return head
