@@ -234,8 +234,8 @@ def test_the_query_window_shows_the_part_of_a_long_passage_that_matches() -> Non
             + "She died of pneumonia in Bergen.")
     passages = [Passage("Anna Berg", text), *_FILLERS]
     index = BM25Index.build(passages)
-    head = SearchEngine(index, top_k=1, max_chars=300, window="head")("Anna Berg pneumonia")
-    focused = SearchEngine(index, top_k=1, max_chars=300)("Anna Berg pneumonia")
+    head = SearchEngine(index, top_k=1, max_chars=300)("Anna Berg pneumonia")
+    focused = SearchEngine(index, top_k=1, max_chars=300, window="query")("Anna Berg pneumonia")
     assert "pneumonia" not in head and "pneumonia" in focused
     assert "Anna Berg (1 May 1901" in focused and " ... She died of pneumonia" in focused
     assert len(focused) <= len("Doc 1 (Title: Anna Berg) ") + 300 + 12
@@ -243,5 +243,5 @@ def test_the_query_window_shows_the_part_of_a_long_passage_that_matches() -> Non
 
 def test_the_query_window_is_the_plain_opening_when_nothing_later_matches() -> None:
     text = "Anna Berg was a painter. " + "She painted landscapes of the coast. " * 30
-    engine = SearchEngine(BM25Index.build([Passage("Anna Berg", text), *_FILLERS]), top_k=1, max_chars=200)
-    assert engine("Anna Berg") == SearchEngine(engine.index, top_k=1, max_chars=200, window="head")("Anna Berg")
+    engine = SearchEngine(BM25Index.build([Passage("Anna Berg", text), *_FILLERS]), 1, 200, window="query")
+    assert engine("Anna Berg") == SearchEngine(engine.index, top_k=1, max_chars=200)("Anna Berg")
