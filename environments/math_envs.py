@@ -1,32 +1,40 @@
 """Math environments: the model solves a problem with a persistent, sandboxed Python tool and answers.
 
 ``MathEnv(dataset=...)`` serves GSM8K, MATH-500, AIME 2024, AMC 2023 and a DeepScaleR-style training mix
-(AIME 1983-2023 + MATH train, the parts of DeepScaleR obtainable offline) from bundled data, a user file in the
-same format (``data_path=``) or the hub (``from_hub=True``, needs the ``datasets`` package and a network).
+(AIME 1983-2023 + MATH train, the parts of DeepScaleR obtainable offline) from bundled data, a user's data
+(``data_path=``: a JSON/JSONL/CSV file, a ``datasets.Dataset`` or a list of records) or the hub
+(``from_hub=True``, needs the ``datasets`` package and a network). A record needs a problem and an answer
+under one of the usual names (``problem``/``question``/``prompt``, ``answer``/``final_answer``/
+``expected_answer``/``ground_truth``), case-insensitive; ``fields={"problem": "my_col"}`` maps any other.
 ``ArithmeticEnv`` is the procedural family for the CPU quickstart.
 
-Actions: ``action_format="tags"`` (``<python>code</python>``, ``<answer>..</answer>``) or ``"hermes"``
-(``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``). A native snapshot is the env state
-plus a frozen fork of the sandbox; a replay snapshot re-executes the cells.
+Actions: ``action_format="hermes"`` (``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``,
+the default of ``MathEnv``: the format Qwen3 and other chat models are trained to emit) or ``"tags"``
+(``<python>code</python>``, ``<answer>..</answer>``, the default of ``ArithmeticEnv``: a one-line prompt and
+short episodes for the byte-level tiny model of the quickstart). ``MathEnv``'s prompt asks for the final answer
+in ``<answer>`` or as ``\\boxed{...}``: a turn without a tool call whose last ``\\boxed{}`` holds the answer is
+read as the answer, as math-tuned models write it. A native snapshot is the env state plus a frozen fork of the
+sandbox; a replay snapshot re-executes the cells.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from trace_gym.actions import ActionParser, HermesParser, TagParser
-from trace_gym.env import TextEnv, ToolEnv
+from trace_gym.actions import ActionParser, HermesParser, ParsedAction, TagParser
+from trace_gym.env import TextEnv, ToolEnv, Turn
 from trace_gym.environments.arithmetic import ArithmeticConfig, make_tasks
-from trace_gym.environments.math_answers import check_answer, format_gold, gsm8k_gold
+from trace_gym.environments.math_answers import check_answer, format_gold, gsm8k_gold, last_boxed
+from trace_gym.environments.records import Fields, Source, check_fields, find_column, read_records
 from trace_gym.environments.sandbox import PythonSandbox, SandboxLimits, SandboxSnapshot
 from trace_gym.errors import ConfigError, DataError
 from trace_gym.snapshot import NativeSnapshot
 from trace_gym.tasks import Task
-from trace_gym.tools import Tool
+from trace_gym.tools import Tool, ToolCall
 
 DATA_DIR = Path(__file__).parent / "data" / "math"
 # dataset -> bundled files (relative to DATA_DIR), hub id, hub config, hub split
@@ -42,57 +50,83 @@ DATASETS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
 SYSTEM_PROMPT = ("Solve the math problem. You can run Python with the python tool: variables, functions and "
                  "imports persist between calls, and math, numpy (np), sympy (sp) and fractions are already "
                  "imported. Print what you need to see. Give only the final answer (a number or a LaTeX "
-                 "expression) inside <answer></answer>.")
+                 "expression) inside <answer></answer>, or as \\boxed{answer} in a reply without a tool call.")
+# The loader's field names and the column names each is found under (compared without case, '_' or spaces).
+FIELD_NAMES: dict[str, tuple[str, ...]] = {
+    "problem": ("problem", "question", "prompt", "input"),
+    "answer": ("answer", "final_answer", "expected_answer", "ground_truth", "target"),
+    "id": ("unique_id", "id", "idx", "problem_idx", "problem_id"),
+}
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
-    if not isinstance(data, list):
-        raise DataError(f"expected a JSON array of problems in {path}, got {type(data).__name__}")
-    return data
-
-
-def record_to_task(rec: Mapping[str, Any], task_id: str) -> Task:
-    """A problem record in any of the supported formats (GSM8K, MATH, AIME, AMC, DeepScaleR) -> Task."""
-    prompt = rec.get("problem") or rec.get("question") or rec.get("Problem")
-    answer = rec.get("answer", rec.get("Answer"))
+def record_to_task(rec: Mapping[str, Any], task_id: str, where: str = "the data") -> Task:
+    """A problem record in any of the supported formats (GSM8K, MATH, AIME, AMC, DeepScaleR, {prompt, answer},
+    ...) -> Task."""
+    pcol, acol = find_column(rec, FIELD_NAMES["problem"]), find_column(rec, FIELD_NAMES["answer"])
+    prompt = rec[pcol] if pcol is not None else None
+    answer = rec[acol] if acol is not None else None
     if not isinstance(prompt, str) or answer is None:
-        raise DataError(f"expected a record with 'problem' or 'question' and 'answer', got keys {sorted(rec)}")
+        raise DataError(f"expected a record with a problem ({'/'.join(FIELD_NAMES['problem'])}) and an answer "
+                        f"({'/'.join(FIELD_NAMES['answer'])}) in {where}, got keys {sorted(rec)}; fix: pass "
+                        "fields={'problem': <your column>, 'answer': <your column>}")
     gold = gsm8k_gold(answer) if isinstance(answer, str) and "####" in answer else format_gold(answer)
     meta = {k: rec[k] for k in ("difficulty", "type", "year", "url", "level", "subject") if k in rec}
-    return Task(id=str(rec.get("unique_id") or rec.get("id") or task_id), prompt=prompt, answer=gold, meta=meta)
+    icol = find_column(rec, FIELD_NAMES["id"])
+    tid = str(rec[icol]) if icol is not None and str(rec[icol]) else task_id
+    return Task(id=tid, prompt=prompt, answer=gold, meta=meta)
 
 
-def load_math_tasks(dataset: str = "math500", data_path: str | Path | None = None,
-                    from_hub: bool = False) -> list[Task]:
-    """Tasks of ``dataset`` from ``data_path`` (a .json array or .jsonl), the bundled copy, or the hub."""
+def _answer_column(rec: Mapping[str, Any]) -> Any:
+    col = find_column(rec, FIELD_NAMES["answer"])
+    return rec[col] if col is not None else 0
+
+
+def load_math_tasks(dataset: str = "math500", data_path: Source | None = None, from_hub: bool = False,
+                    fields: Fields | None = None) -> list[Task]:
+    """Tasks of ``dataset`` from ``data_path`` (a JSON array, JSONL or CSV file, a ``datasets.Dataset`` or a
+    list of records), the bundled copy, or the hub; ``fields`` maps the loader's names to other columns."""
     if dataset not in DATASETS:
         raise ConfigError(f"expected dataset in {sorted(DATASETS)}, got {dataset!r}")
+    check_fields(fields, tuple(FIELD_NAMES), "math data")
     files, hub_id, hub_config, hub_split = DATASETS[dataset]
     if data_path is not None:
-        sources = [(Path(data_path).stem, _records(Path(data_path)))]
+        where = str(data_path) if isinstance(data_path, str | os.PathLike) else type(data_path).__name__
+        stem = Path(data_path).stem if isinstance(data_path, str | os.PathLike) else "records"
+        sources = [(stem, where, read_records(data_path, fields))]
     elif from_hub:
         try:
             import datasets  # optional; only when the user asks for the hub
         except ImportError:
-            raise ConfigError("from_hub=True needs the datasets package: pip install datasets") from None
-        sources = [(hub_id.split("/")[-1], list(datasets.load_dataset(hub_id, hub_config, split=hub_split)))]
+            raise ConfigError("expected the datasets package for from_hub=True, got ImportError; fix: pip install "
+                              "datasets, or pass data_path= to a local file") from None
+        ds = datasets.load_dataset(hub_id, hub_config, split=hub_split)
+        sources = [(hub_id.split("/")[-1], hub_id, read_records(ds, fields, hub_id))]
     else:
-        sources = [(Path(f).stem, _records(DATA_DIR / f)) for f in files]
+        sources = [(Path(f).stem, f, read_records(DATA_DIR / f)) for f in files]
     tasks, seen = [], set()
-    for stem, recs in sources:
+    for stem, where, recs in sources:
         for i, rec in enumerate(recs):
-            if isinstance(rec, Mapping) and rec.get("answer", 0) in (None, ""):
+            if _answer_column(rec) in (None, ""):
                 continue  # a few MATH-train records have no extracted answer
-            task = record_to_task(rec, f"{dataset}-{stem}-{i}")
+            task = record_to_task(rec, f"{dataset}-{stem}-{i}", f"{where} record {i}")
             if task.id in seen:  # ids must be unique within the dataset
                 task = Task(f"{dataset}-{stem}-{i}", task.prompt, task.answer, task.meta)
             seen.add(task.id)
             tasks.append(task)
     return tasks
+
+
+def python_call(code: str) -> ToolCall:
+    """A call of the python tool."""
+    return ToolCall("python", {"code": code})
+
+
+def boxed_answer(parsed: ParsedAction, text: str) -> str | None:
+    """The ``\\boxed{}`` answer of a turn that holds no tool call and no ``<answer>``; None otherwise."""
+    if parsed.calls or parsed.answer is not None or "<tool_call>" in text or "<python>" in text:
+        return None
+    boxed = last_boxed(text)
+    return boxed.strip() if boxed is not None and boxed.strip() else None
 
 
 def python_tool(sandbox: PythonSandbox) -> Tool:
@@ -137,20 +171,34 @@ class MathEnv(ToolEnv):
     """A math problem, a Python tool, an answer checked by math-verify/sympy. Binary reward."""
 
     system_prompt = SYSTEM_PROMPT
+    boxed_answers = True
+    """Whether a turn without a tool call that writes ``\\boxed{...}`` answers (the prompt says so)."""
 
-    def __init__(self, dataset: str = "math500", data_path: str | Path | None = None, from_hub: bool = False,
-                 tasks: Sequence[Task] | None = None, action_format: Literal["tags", "hermes"] = "tags",
-                 max_turns: int = 8, limits: SandboxLimits | None = None, sandbox_user: str | None = "nobody",
-                 **kwargs: Any):
+    def __init__(self, dataset: str = "math500", data_path: Source | None = None, from_hub: bool = False,
+                 fields: Fields | None = None, tasks: Sequence[Task] | None = None,
+                 action_format: Literal["tags", "hermes"] = "hermes", max_turns: int = 8,
+                 limits: SandboxLimits | None = None, sandbox_user: str | None = "nobody", **kwargs: Any):
         super().__init__(tasks=tasks, max_turns=max_turns, parser=make_parser(action_format), **kwargs)
         if dataset not in DATASETS:
             raise ConfigError(f"expected dataset in {sorted(DATASETS)}, got {dataset!r}")
+        check_fields(fields, tuple(FIELD_NAMES), "math data")
         self.dataset, self.data_path, self.from_hub = dataset, data_path, from_hub
+        self.fields = dict(fields or {})
         self.action_format = action_format
         self.sandbox = PythonSandbox(limits, user=sandbox_user)
 
     def load_tasks(self) -> Sequence[Task]:
-        return load_math_tasks(self.dataset, self.data_path, self.from_hub)
+        return load_math_tasks(self.dataset, self.data_path, self.from_hub, self.fields or None)
+
+    def turn(self, action: str) -> Turn:
+        if self.boxed_answers:
+            boxed = boxed_answer(self.parser.parse(action, self.tool_map), action)
+            if boxed is not None:
+                assert self.task is not None
+                reward, verdict = self.verify(self.task, boxed)
+                info = {**verdict, "answer": boxed, "stop_reason": "answer"}
+                return Turn("", reward=reward, terminated=True, info=info, messages=[])
+        return super().turn(action)
 
     def tools(self) -> Sequence[Tool]:
         return [python_tool(self.sandbox)]
@@ -169,13 +217,8 @@ class MathEnv(ToolEnv):
         cells = ["x = 6 * 7\nprint(x)", "x = x + 1\nx", "import sympy as sp\nprint(sp.factorint(360))",
                  "print(undefined_name)"]
         answer = str(self.task.answer) if self.task is not None else "0"
-        return [self.format_call(c) for c in cells] + [f"<answer>{answer}</answer>", "<answer>-1</answer>"]
-
-    def format_call(self, code: str) -> str:
-        """A turn that runs ``code`` in this env's action format."""
-        if self.action_format == "hermes":
-            return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
-        return f"<python>{code}</python>"
+        return [self.parser.format(python_call(c)) for c in cells] + [self.parser.format_answer(answer),
+                                                                        self.parser.format_answer("-1")]
 
     def expert(self, noise: float = 0.0, seed: int = 0) -> Any:
         from trace_gym.environments.math_experts import MathExpert
@@ -188,16 +231,18 @@ class MathEnv(ToolEnv):
 
 
 class ArithmeticEnv(MathEnv):
-    """Procedural arithmetic and word problems (``trace/Arithmetic-v0``), solvable with one tool call."""
+    """Procedural arithmetic and word problems (``trace/Arithmetic-v0``), solvable with one tool call. Tag format
+    by default: the quickstart's tiny model learns it from a one-line prompt."""
 
-    system_prompt = ("Compute the answer. Run Python with <python>print(expression)</python> (or the python "
-                     "tool), read the output, then reply <answer>the number</answer>.")
+    system_prompt = ("Compute the answer. Run Python with the python tool, read the output, then reply "
+                     "<answer>the number</answer>.")
     compact_prompt = "Run <python>print(expression)</python>, then reply <answer>the number</answer>."
+    boxed_answers = False  # the prompt asks for <answer> only
 
     def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | Mapping[str, Any] | None = None,
-                 n_tasks: int = 2000,
-                 task_seed: int = 0, max_turns: int = 4, word_fraction: float | None = None, **kwargs: Any):
-        super().__init__(dataset="math500", max_turns=max_turns, **kwargs)
+                 n_tasks: int = 2000, task_seed: int = 0, max_turns: int = 4, word_fraction: float | None = None,
+                 action_format: Literal["tags", "hermes"] = "tags", **kwargs: Any):
+        super().__init__(dataset="math500", max_turns=max_turns, action_format=action_format, **kwargs)
         if difficulty is not None and config is not None:
             raise ConfigError("expected difficulty or config, got both; pass one")
         if isinstance(config, Mapping):  # from YAML or gym.make: {min_ops: 1, max_ops: 6, ...}

@@ -8,25 +8,27 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from trace_gym.environments.math_envs import make_parser, python_call
 from trace_gym.tasks import Task
 
 
 class _Expert:
     def __init__(self, action_format: str = "tags", noise: float = 0.0, seed: int = 0):
         self.action_format, self.noise = action_format, noise
+        self.parser = make_parser(action_format)
         self.rng = np.random.default_rng(seed)
 
     def call(self, code: str) -> str:
-        if self.action_format == "hermes":
-            return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
-        return f"<python>{code}</python>"
+        return self.parser.format(python_call(code))
+
+    def answer(self, text: str) -> str:
+        return self.parser.format_answer(text)
 
     @staticmethod
     def last_tool_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -42,7 +44,7 @@ class ArithmeticExpert(_Expert):
         output = self.last_tool_output(messages)
         if output is not None:
             lines = output.strip().splitlines()
-            return f"<answer>{lines[-1].strip() if lines else ''}</answer>"
+            return self.answer(lines[-1].strip() if lines else "")
         expr = str(task.meta.get("expression", task.answer))
         if self.noise > 0 and self.rng.random() < self.noise:
             nums = list(re.finditer(r"\d+", expr))
@@ -60,9 +62,9 @@ class MathExpert(_Expert):
         if output is None:
             return self.call(f"answer = {gold!r}\nprint(answer)")
         if self.noise > 0 and self.rng.random() < self.noise:
-            return f"<answer>{_wrong(gold)}</answer>"
+            return self.answer(_wrong(gold))
         lines = output.strip().splitlines()
-        return f"<answer>{lines[-1] if lines else gold}</answer>"
+        return self.answer(lines[-1] if lines else gold)
 
 
 def _wrong(gold: str) -> str:

@@ -1,10 +1,13 @@
 """Multi-hop QA with a BM25 search tool: HotpotQA, 2WikiMultihopQA, MuSiQue and Bamboogle in one env class.
 
 The model searches a passage index (``search(query)``) for a few turns and answers with
-``<answer>...</answer>``. Reward 1 when the answer's token F1 against the gold answer or any alias is at least
-0.3 (the TRACE paper's accuracy); EM and F1 are in ``info``.
+``<answer>...</answer>``. The reward is chosen by name (``reward=``): "em" (default) is 1 when the normalised
+answer equals the gold answer or an alias; "f1" is the TRACE paper's accuracy, token F1 >= ``success_f1``
+(0.3), which a policy games by hedging ("A or B") or padding (docs/rewards.md). ``info`` always holds
+``em``, ``f1`` and ``accuracy`` (the paper's metric) for evaluation.
 
-Data comes from ``data_path`` if given, else the bundled sample, else the HF hub when ``from_hub=True``.
+Data comes from ``data_path`` (a file, a ``datasets.Dataset`` or a list of records; ``fields=`` maps column
+names) if given, else the bundled sample, else the HF hub when ``from_hub=True``.
 The index covers the pooled paragraphs of the dataset's bundled sample (or of the user file), the pool of
 all bundled sets (``corpus="all"``, and Bamboogle's default), or a user corpus (``corpus_path``). It is built
 at the first reset, cached on disk and shared by every env instance of the process; it is not episode
@@ -23,11 +26,12 @@ from trace_gym.actions import ActionParser, HermesParser, TagParser
 from trace_gym.env import ToolEnv
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
-from trace_gym.tools import Tool
+from trace_gym.tools import Tool, ToolCall
 
-from .qa_data import BUNDLED, DATASETS, QAData, bundled_corpus, load_qa
-from .qa_expert import QAExpert, format_action
-from .qa_metrics import score_answer
+from .qa_data import BUNDLED, DATASETS, UNANSWERABLE, QAData, bundled_corpus, load_qa
+from .qa_expert import QAExpert
+from .qa_metrics import QA_REWARDS, qa_reward, score_answer
+from .records import Fields, Source
 from .retrieval import BM25Settings, Passage, SearchEngine, dedupe, get_index, load_corpus
 
 __all__ = ["MultiHopQAEnv"]
@@ -48,9 +52,9 @@ _SEARCH_SCHEMA = {
 
 @lru_cache(maxsize=16)
 def _data(dataset: str, split: str | None, data_path: str | None, stamp: tuple[int, int], from_hub: bool,
-          hub_id: str | None) -> QAData:
+          hub_id: str | None, fields: tuple[tuple[str, str], ...], include_unanswerable: bool) -> QAData:
     """Loaded once per process for each source (``stamp`` = mtime, size, so an edited file reloads)."""
-    return load_qa(dataset, split, data_path, from_hub, hub_id)
+    return load_qa(dataset, split, data_path, from_hub, hub_id, dict(fields) or None, include_unanswerable)
 
 
 @lru_cache(maxsize=8)
@@ -75,14 +79,18 @@ class MultiHopQAEnv(ToolEnv):
         self,
         dataset: Literal["hotpotqa", "2wiki", "musique", "bamboogle"] = "hotpotqa",
         split: str | None = None,
-        data_path: str | os.PathLike[str] | None = None,
+        data_path: Source | None = None,
         corpus_path: str | os.PathLike[str] | None = None,
         corpus: Literal["dataset", "all"] = "dataset",
         from_hub: bool = False,
         hub_id: str | None = None,
+        fields: Fields | None = None,
+        include_unanswerable: bool = False,
+        reward: Literal["em", "f1"] = "em",
         action_format: Literal["hermes", "tags"] = "hermes",
         top_k: int = 3,
-        max_passage_chars: int = 600,
+        max_passage_chars: int = 1000,
+        passage_window: Literal["head", "query"] = "head",
         bm25: BM25Settings | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         success_f1: float = 0.3,
@@ -92,6 +100,9 @@ class MultiHopQAEnv(ToolEnv):
     ):
         if dataset not in DATASETS:
             raise ConfigError(f"expected dataset in {DATASETS}, got {dataset!r}")
+        if reward not in QA_REWARDS:
+            raise ConfigError(f"expected reward in {sorted(QA_REWARDS)}, got {reward!r}; fix: 'em' (exact match "
+                              "against the gold answer or an alias) or 'f1' (the paper's F1 >= success_f1)")
         if action_format not in ("hermes", "tags"):
             raise ConfigError(f"expected action_format 'hermes' or 'tags', got {action_format!r}")
         if corpus not in ("dataset", "all"):
@@ -104,7 +115,13 @@ class MultiHopQAEnv(ToolEnv):
         super().__init__(tasks=tasks, max_turns=max_turns, parser=parser, render_mode=render_mode)
         self.dataset = dataset
         self.split = split
-        self.data_path = None if data_path is None else str(Path(data_path).expanduser().resolve())
+        if isinstance(data_path, str | os.PathLike):
+            data_path = str(Path(data_path).expanduser().resolve())
+        self.data_path = data_path
+        self.fields = dict(fields or {})
+        self.include_unanswerable = include_unanswerable
+        self.reward = reward
+        self.passage_window = passage_window
         self.corpus_path = None if corpus_path is None else str(Path(corpus_path).expanduser().resolve())
         self.corpus = corpus
         self.from_hub = from_hub
@@ -116,12 +133,19 @@ class MultiHopQAEnv(ToolEnv):
         self.cache_dir = cache_dir
         self.success_f1 = success_f1
         self._engine: SearchEngine | None = None  # shared index inside; never episode state
+        self._records: QAData | None = None  # data loaded from in-memory records
 
     # ----------------------------------------------------------------- data and index
     def _qa_data(self) -> QAData | None:
         if self.data_path is None and not self.from_hub and not BUNDLED[self.dataset]:
             return None
-        return _data(self.dataset, self.split, self.data_path, _stamp(self.data_path), self.from_hub, self.hub_id)
+        if self.data_path is not None and not isinstance(self.data_path, str):  # in-memory records: no cache key
+            if self._records is None:
+                self._records = load_qa(self.dataset, self.split, self.data_path, fields=self.fields or None,
+                                        include_unanswerable=self.include_unanswerable)
+            return self._records
+        return _data(self.dataset, self.split, self.data_path, _stamp(self.data_path), self.from_hub, self.hub_id,
+                     tuple(sorted(self.fields.items())), self.include_unanswerable)
 
     def load_tasks(self) -> Sequence[Task]:
         data = self._qa_data()
@@ -148,7 +172,7 @@ class MultiHopQAEnv(ToolEnv):
     def engine(self) -> SearchEngine:
         if self._engine is None:
             index = get_index(self.corpus_passages(), self.bm25, self.cache_dir)
-            self._engine = SearchEngine(index, self.top_k, self.max_passage_chars)
+            self._engine = SearchEngine(index, self.top_k, self.max_passage_chars, window=self.passage_window)
         return self._engine
 
     def search(self, query: str) -> str:
@@ -162,27 +186,36 @@ class MultiHopQAEnv(ToolEnv):
         )
         return [Tool("search", description, _SEARCH_SCHEMA, self.search)]
 
+    def system_message(self) -> str:
+        message = super().system_message()
+        if self.include_unanswerable:
+            message += f" If the passages cannot answer the question, answer {UNANSWERABLE}."
+        return message
+
     def begin(self, task: Task) -> str:
         _ = self.engine  # build or load the shared index now, not inside the first step
         return super().begin(task)
 
     def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
         scores = score_answer(answer, task.answer or [], self.success_f1)
-        return scores["success"], {"em": scores["em"], "f1": scores["f1"]}
+        return qa_reward(self.reward, scores), scores
 
     def example_actions(self) -> list[str]:
         if self.task is None:
             return []
-        fmt = self.action_format
         titles = list(self.task.meta.get("supporting_titles", []))
         gold = self.task.answer[0] if self.task.answer else ""
         return [
-            format_action(fmt, "search", self.task.prompt),
-            *(format_action(fmt, "search", t) for t in titles[:2]),
-            format_action(fmt, "answer", gold),
-            format_action(fmt, "answer", "not the answer"),
+            *(self.parser.format(self.search_call(q)) for q in [self.task.prompt, *titles[:2]]),
+            self.parser.format_answer(gold),
+            self.parser.format_answer("not the answer"),
         ]
+
+    @staticmethod
+    def search_call(query: str) -> ToolCall:
+        return ToolCall("search", {"query": query})
 
     def expert(self, noise: float = 0.0, seed: int = 0) -> QAExpert:
         """The scripted expert for this env's action format (see `QAExpert`)."""
-        return QAExpert(noise=noise, seed=seed, action_format=self.action_format)
+        return QAExpert(noise=noise, seed=seed, action_format=self.action_format, reward=self.reward,
+                        success_f1=self.success_f1)

@@ -6,7 +6,8 @@ expert resumes correctly from any restored node of a rollout tree. Randomness co
 generator, advanced on every call, so branches from one node differ.
 
 Noise: with probability ``noise`` a search turn queries a distractor title instead (a wasted turn; enough of
-them truncate the episode) and the answer turn gives a wrong answer (F1 < 0.3 against every gold answer).
+them truncate the episode) and the answer turn gives a wrong answer (reward 0 under the env's reward, and F1
+below the success threshold against every gold answer).
 Tasks without supporting facts (question lists, Bamboogle) search the question itself once.
 """
 
@@ -19,24 +20,22 @@ from typing import Any, Literal
 
 import numpy as np
 
+from trace_gym.actions import ActionParser, HermesParser, TagParser
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
+from trace_gym.tools import ToolCall
 
-from .qa_metrics import f1_score, normalize_answer
+from .qa_metrics import normalize_answer, qa_reward, score_answer
 
-__all__ = ["QAExpert", "format_action", "issued_queries"]
+__all__ = ["QAExpert", "issued_queries", "search_turn"]
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _SEARCH_TAG = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 
 
-def format_action(action_format: Literal["hermes", "tags"], kind: Literal["search", "answer"], text: str) -> str:
-    """One turn's text: a search call in the env's format, or a final answer."""
-    if kind == "answer":
-        return f"<answer>{text}</answer>"
-    if action_format == "tags":
-        return f"<search>{text}</search>"
-    return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": text}}) + "</tool_call>"
+def search_turn(parser: ActionParser, query: str) -> str:
+    """A turn that searches ``query``, in the parser's format."""
+    return parser.format(ToolCall("search", {"query": query}))
 
 
 def issued_queries(messages: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -60,13 +59,16 @@ def issued_queries(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 class QAExpert:
     """Solves a QA task from its gold answer and supporting titles, with a noise knob."""
 
-    def __init__(self, noise: float = 0.0, seed: int = 0, action_format: Literal["hermes", "tags"] = "hermes"):
+    def __init__(self, noise: float = 0.0, seed: int = 0, action_format: Literal["hermes", "tags"] = "hermes",
+                 reward: str = "em", success_f1: float = 0.3):
         if not 0.0 <= noise <= 1.0:
             raise ConfigError(f"expected noise in [0, 1], got {noise}")
         if action_format not in ("hermes", "tags"):
             raise ConfigError(f"expected action_format 'hermes' or 'tags', got {action_format!r}")
         self.noise = noise
         self.action_format = action_format
+        self.parser: ActionParser = HermesParser() if action_format == "hermes" else TagParser()
+        self.reward, self.success_f1 = reward, success_f1
         self.rng = np.random.default_rng(seed)
 
     def plan(self, task: Task) -> list[str]:
@@ -80,10 +82,10 @@ class QAExpert:
         noisy = self.noise > 0 and self.rng.random() < self.noise
         if todo:
             query = self._distractor_query(task) if noisy else todo[0]
-            return format_action(self.action_format, "search", query)
+            return search_turn(self.parser, query)
         golds = [str(a) for a in (task.answer or [])]
         answer = self._wrong_answer(task, golds) if noisy else (golds[0] if golds else "")
-        return format_action(self.action_format, "answer", answer)
+        return self.parser.format_answer(answer)
 
     def _distractor_query(self, task: Task) -> str:
         support = set(task.meta.get("supporting_titles", []))
@@ -97,10 +99,14 @@ class QAExpert:
         norm = {normalize_answer(g) for g in golds}
         if norm & {"yes", "no"}:
             return "no" if "yes" in norm else "yes"
-        candidates = [t for t in task.meta.get("titles", []) if f1_score(t, golds) < 0.3]
+        candidates = [t for t in task.meta.get("titles", []) if self._wrong(t, golds)]
         if candidates:
             return candidates[int(self.rng.integers(len(candidates)))]
         for fallback in ("unknown", "none of them", "42"):
-            if f1_score(fallback, golds) < 0.3:
+            if self._wrong(fallback, golds):
                 return fallback
         return ""
+
+    def _wrong(self, answer: str, golds: list[str]) -> bool:
+        scores = score_answer(answer, golds, self.success_f1)
+        return qa_reward(self.reward, scores) == 0.0 and scores["accuracy"] == 0.0

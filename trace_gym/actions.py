@@ -1,25 +1,21 @@
-"""Action parsers: the assistant's turn (text) -> tool calls, final answer, or a parse error.
+"""Action parsers: the assistant's turn (text) -> tool calls, final answer, or a parse error; and back.
 
-Parsers scan with ``str.find`` rather than lazy regexes so that megabytes of unclosed tags stay linear.
+``parse`` reads a turn; ``format`` and ``format_answer`` write one (what scripted experts and the conformance
+checker use), so that ``parse(format(call)).calls == (call,)``. Parsers scan with ``str.find`` rather than lazy
+regexes so that megabytes of unclosed tags stay linear.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from trace_gym.tools import Tool
+from trace_gym.errors import ConfigError
+from trace_gym.tools import Tool, ToolCall
 
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One requested tool invocation."""
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+__all__ = ["ActionParser", "HermesParser", "ParsedAction", "TagParser", "ToolCall", "find_blocks", "format_answer"]
 
 
 @dataclass(frozen=True)
@@ -33,11 +29,25 @@ class ParsedAction:
 
 
 class ActionParser(Protocol):
-    """Turns assistant text into calls and an answer. Contract: never raises on any ``str``."""
+    """Turns assistant text into calls and an answer, and writes them. Contract: ``parse`` never raises on any
+    ``str``; ``parse(format(call), tools).calls == (call,)`` for every call the format can express."""
 
     def parse(self, text: str, tools: Mapping[str, Tool]) -> ParsedAction: ...
 
     def instructions(self, tools: Sequence[Tool]) -> str: ...
+
+    def format(self, *calls: ToolCall) -> str:
+        """One turn's text that makes ``calls``, in order."""
+        ...
+
+    def format_answer(self, answer: str) -> str:
+        """One turn's text that gives ``answer`` as the final answer."""
+        ...
+
+
+def format_answer(answer: str) -> str:
+    """The final-answer turn, the same in every format this module parses."""
+    return f"<answer>{answer}</answer>"
 
 
 def find_blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], bool]:
@@ -61,6 +71,8 @@ def _answer(text: str) -> tuple[str | None, str | None]:
 
 
 _ANSWER_HELP = "When you know the final answer, reply with <answer>your answer</answer> and no tool call."
+# Inside a JSON string these would end the call block or start an answer early; "\u003c" is the same "<".
+_MARKERS = ("<tool_call>", "</tool_call>", "<answer>", "</answer>")
 
 
 class HermesParser:
@@ -105,6 +117,18 @@ class HermesParser:
             "</tool_call>. The results come back in the next message. " + _ANSWER_HELP
         )
 
+    def format(self, *calls: ToolCall) -> str:
+        blocks = []
+        for call in calls:
+            body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+            for marker in _MARKERS:
+                body = body.replace(marker, "\\u003c" + marker[1:])
+            blocks.append(f"<tool_call>{body}</tool_call>")
+        return "\n".join(blocks)
+
+    def format_answer(self, answer: str) -> str:
+        return format_answer(answer)
+
 
 class TagParser:
     """Tag-style actions: ``<search>query</search>``, ``<python>code</python>``, ``<answer>...</answer>``.
@@ -136,6 +160,23 @@ class TagParser:
     def instructions(self, tools: Sequence[Tool]) -> str:
         lines = [f"- <{t.name}>{_text_argument(t)}</{t.name}>: {t.description}" for t in tools]
         return "You may use these tools by writing their tags:\n" + "\n".join(lines) + "\n" + _ANSWER_HELP
+
+    def format(self, *calls: ToolCall) -> str:
+        """Raises ``ConfigError`` for a call a tag cannot express: not exactly one string argument, or a body that
+        contains a tag of its own."""
+        out = []
+        for call in calls:
+            values = list(call.arguments.values())
+            if len(values) != 1 or not isinstance(values[0], str):
+                raise ConfigError(f"expected one string argument for the tag format, got {call.arguments!r} for "
+                                  f"{call.name!r}; fix: use action_format='hermes' for tools with several arguments")
+            if "<" in values[0] and any(m in values[0] for m in (f"</{call.name}>", "<answer>", "</answer>")):
+                raise ConfigError(f"expected a tag body without </{call.name}> or <answer> tags, got {values[0]!r}")
+            out.append(f"<{call.name}>{values[0]}</{call.name}>")
+        return "\n".join(out)
+
+    def format_answer(self, answer: str) -> str:
+        return format_answer(answer)
 
 
 def _text_argument(tool: Tool) -> str:

@@ -1,13 +1,22 @@
 """The conformance checker every ``trace/*`` env must pass: gymnasium's ``check_env`` plus the snapshot
 contract (restore k times -> identical independent branches; replay equals native; portable snapshots restore
-into a fresh instance; snapshots are immutable; no process outlives ``close``)."""
+into a fresh instance; snapshots are immutable; no process outlives ``close``).
+
+The actions it plays need nothing from the env author: for a ``ToolEnv`` it writes valid calls of every declared
+tool from the tool's JSON schema (string arguments drawn from the words of the episode so far, so that names of
+items, files or entities the task mentions come up), formatted by the env's own parser; it adds the env's
+``example_actions()`` when there are any, and random strings for the error paths. Outcomes compare the
+observation, reward, flags, messages and every other ``info`` key.
+"""
 
 from __future__ import annotations
 
 import gc
 import os
+import re
+import string
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +24,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils.env_checker import check_env
 
-from trace_gym.env import TextEnv
-from trace_gym.errors import TraceGymError
+from trace_gym.env import _BASE_FIELDS, TextEnv, ToolEnv, fingerprint
+from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
+from trace_gym.tools import ToolCall
 
-Outcome = tuple[str, float, bool, bool, list[dict[str, Any]]]
+Outcome = tuple[str, float, bool, bool, list[dict[str, Any]], dict[str, Any]]
 
 
 class ConformanceError(TraceGymError, AssertionError):
@@ -57,24 +67,114 @@ def _make_factory(env: str | Callable[[], gym.Env[str, str]]) -> Callable[[], Te
     return factory
 
 
-def play_outcomes(env: TextEnv, actions: Sequence[str]) -> list[Outcome]:
+def play_outcomes(env: TextEnv, actions: Sequence[str], ignore_info: Collection[str] = ()) -> list[Outcome]:
     """Step ``actions`` until the episode ends; each step's (observation, reward, terminated, truncated,
-    messages) is what the snapshot contract compares."""
+    messages, other info keys but ``ignore_info``) is what the snapshot contract compares."""
     out = []
     for action in actions:
-        if env._done:
+        if env.done:
             break
         obs, reward, terminated, truncated, info = env.step(action)
-        out.append((obs, reward, terminated, truncated, info["messages"]))
+        rest = {k: v for k, v in info.items() if k != "messages" and k not in ignore_info}
+        out.append((obs, reward, terminated, truncated, info["messages"], rest))
+    return out
+
+
+_WORD = re.compile(r"[^\W_][\w\-.']*")
+
+
+def sample_value(schema: Any, rng: np.random.Generator, words: Sequence[str] = (), depth: int = 0) -> Any:
+    """A value valid under the JSON schema ``schema`` (the keywords tool schemas use: type, enum, const,
+    anyOf/oneOf, bounds, items, properties/required); strings come from ``words`` when there are any."""
+    if not isinstance(schema, Mapping):
+        return _sample_string({}, rng, words)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][int(rng.integers(len(schema["enum"])))]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return sample_value(schema[key][int(rng.integers(len(schema[key])))], rng, words, depth)
+    if schema.get("allOf"):
+        return sample_value({k: v for part in schema["allOf"] if isinstance(part, Mapping) for k, v in part.items()},
+                            rng, words, depth)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"] or kind
+        kind = kinds[int(rng.integers(len(kinds)))]
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if kind == "integer":
+        low = schema.get("minimum", schema.get("exclusiveMinimum", -1) + 1)
+        high = schema.get("maximum", schema.get("exclusiveMaximum", low + 11) - 1)
+        return int(rng.integers(int(low), int(max(low, high)) + 1))
+    if kind == "number":
+        low = float(schema.get("minimum", schema.get("exclusiveMinimum", 0.0)))
+        high = float(schema.get("maximum", schema.get("exclusiveMaximum", low + 10.0)))
+        value = round(float(rng.uniform(low, high)), 2)
+        if value in (schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")) or not low <= value <= high:
+            value = (low + high) / 2  # rounding landed on an excluded bound
+        return value
+    if kind == "boolean":
+        return bool(rng.random() < 0.5)
+    if kind == "null":
+        return None
+    if kind == "array":
+        low = int(schema.get("minItems", 1))
+        high = max(low, int(schema.get("maxItems", low + 2)))
+        n = int(rng.integers(low, high + 1)) if depth < 3 else low
+        return [sample_value(schema.get("items", {}), rng, words, depth + 1) for _ in range(n)]
+    if kind == "object":
+        props = schema.get("properties", {}) if depth < 3 else {}
+        required = set(schema.get("required", []))
+        return {name: sample_value(sub, rng, words, depth + 1) for name, sub in props.items()
+                if name in required or rng.random() < 0.5}
+    return _sample_string(schema, rng, words)
+
+
+def _sample_string(schema: Mapping[str, Any], rng: np.random.Generator, words: Sequence[str]) -> str:
+    if words and rng.random() < 0.8:
+        text = words[int(rng.integers(len(words)))]
+    else:
+        letters = string.ascii_lowercase + string.digits
+        text = "".join(letters[int(i)] for i in rng.integers(len(letters), size=int(rng.integers(1, 9))))
+    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+    text = text.ljust(low, "x")
+    return text[: int(high)] if high is not None else text
+
+
+def schema_calls(env: TextEnv, rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` turns that each call one declared tool with arguments valid under its schema, written in the env's
+    action format; empty for envs without declared tools or a parser that cannot write calls."""
+    if not isinstance(env, ToolEnv) or not env.tool_map:
+        return []
+    text = " ".join(str(m.get("content", "")) for m in env.messages if m.get("role") != "system")
+    words = _WORD.findall(text)  # with repeats: a word the task mentions often is drawn often
+    tools = list(env.tool_map.values())
+    out = []
+    for _ in range(n * 4):
+        if len(out) == n:
+            break
+        tool = tools[int(rng.integers(len(tools)))]
+        call = ToolCall(tool.name, sample_value(tool.parameters, rng, words))
+        try:
+            out.append(env.parser.format(call))
+        except (ConfigError, AttributeError):
+            continue  # a call the format cannot write (several arguments in the tag format)
     return out
 
 
 def _script(env: TextEnv, rng: np.random.Generator, n: int) -> list[str]:
-    """Well-formed actions of the env mixed with random strings, so both tool state and errors are exercised."""
+    """Schema-valid tool calls, the env's example actions and random strings, so that tool state and error
+    paths are both exercised."""
     examples = env.example_actions()
+    calls = schema_calls(env, rng, n)
     actions = []
-    for _ in range(n):
-        if examples and rng.random() < 0.75:
+    for i in range(n):
+        u = rng.random()
+        if calls and (u < 0.6 or (not examples and u < 0.8)):
+            actions.append(calls[i])
+        elif examples and u < 0.9:
             actions.append(examples[int(rng.integers(len(examples)))])
         else:
             actions.append(env.action_space.sample())
@@ -82,18 +182,20 @@ def _script(env: TextEnv, rng: np.random.Generator, n: int) -> list[str]:
 
 
 def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, depth: int = 3,
-                    branches: int = 3, scripts: int = 3, skip_gym_check: bool = False) -> None:
+                    branches: int = 3, scripts: int = 3, skip_gym_check: bool = False,
+                    ignore_info: Collection[str] = ()) -> None:
     """Raise ``ConformanceError`` at the first violation. ``env`` is a registered id or a zero-argument factory.
 
     The snapshot contract is checked on ``scripts`` random action scripts, each snapshotting after a prefix of
-    ``depth`` non-final turns and comparing ``depth + 2`` further turns across restores.
+    ``depth`` non-final turns and comparing ``depth + 2`` further turns across restores. ``ignore_info`` names
+    ``info`` keys that may legitimately differ between identical branches (wall-clock timings).
     """
     factory = _make_factory(env)
     # A throwaway episode first: process-wide helpers an env starts once (a sandbox's template process) are
     # then part of the baseline, and only processes that outlive their episode count as leaks.
     warmup = factory()
     warmup.reset(seed=seed)
-    play_outcomes(warmup, warmup.example_actions()[:1])
+    play_outcomes(warmup, (schema_calls(warmup, np.random.default_rng(seed), 1) or warmup.example_actions())[:1])
     warmup.close()
     del warmup
     gc.collect()
@@ -106,7 +208,7 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     rng = np.random.default_rng(seed)
     other = factory()
     for script in range(scripts):
-        _check_script(base, other, rng, seed + script, depth, branches)
+        _check_script(base, other, rng, seed + script, depth, branches, frozenset(ignore_info))
     other.close()
     base.close()
     del other, base
@@ -117,36 +219,61 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
 
 
 def _check_script(base: TextEnv, other: TextEnv, rng: np.random.Generator, seed: int, depth: int,
-                  branches: int) -> None:
-    for _ in range(20):  # find a prefix that leaves the episode running, so the future has state to diverge on
+                  branches: int, ignore: frozenset[str]) -> None:
+    # Find a prefix that leaves the episode running and changed the env's state, so that a restore has state to
+    # get wrong; failing that, one that leaves it running. Envs holding containers (a stock, a file table) get
+    # more tries: the strings that hit their keys are drawn by chance.
+    running, patience = None, 20 if _holds_containers(base) else 1
+    for attempt in range(20):
         base.reset(seed=seed)
-        prefix = _script(base, rng, depth)
-        if len(play_outcomes(base, prefix)) == len(prefix) and not base._done:
-            break
-    native, replay = base.snapshot("native"), base.snapshot("replay")
+        start = _public_state(base)
+        played = 0
+        for _turn in range(depth):  # one action at a time: calls draw their strings from what came back so far
+            played += len(play_outcomes(base, _script(base, rng, 1)))
+        if played == depth and not base.done:
+            running = base.snapshot("replay")
+            if _public_state(base) != start or attempt >= patience - 1:
+                break
+    else:
+        if running is not None:
+            base.restore(running)
+    try:
+        native = base.snapshot("native")
+    except SnapshotError as e:
+        raise ConformanceError(f"native snapshot after {depth} turns: {e}") from e
+    replay = base.snapshot("replay")
     future = _script(base, rng, depth + 2)
-    reference = play_outcomes(base, future)
+    reference = play_outcomes(base, future, ignore)
     for i in range(branches):
         base.restore(native)
-        _expect_same(reference, play_outcomes(base, future), f"native restore #{i + 1}")
+        _expect_same(reference, play_outcomes(base, future, ignore), f"native restore #{i + 1}")
     # A branch that diverges must not change the snapshot it came from.
     base.restore(native)
-    play_outcomes(base, [base.action_space.sample() for _ in range(2)])
+    play_outcomes(base, _script(base, rng, 2))
     base.restore(replay)
-    _expect_same(reference, play_outcomes(base, future), "replay restore")
+    _expect_same(reference, play_outcomes(base, future, ignore), "replay restore")
     other.reset(seed=seed + 1)
     other.restore(replay)
-    _expect_same(reference, play_outcomes(other, future), "replay restore into a new instance")
+    _expect_same(reference, play_outcomes(other, future, ignore), "replay restore into a new instance")
     base.restore(native)
-    _expect_same(reference, play_outcomes(base, future), "native restore after other branches")
+    _expect_same(reference, play_outcomes(base, future, ignore), "native restore after other branches")
     native.release()
     replay.release()
+
+
+def _holds_containers(env: TextEnv) -> bool:
+    return any(isinstance(v, list | dict | set) for k, v in vars(env).items()
+               if not k.startswith("_") and k not in _BASE_FIELDS)
+
+
+def _public_state(env: TextEnv) -> Any:
+    return fingerprint({k: v for k, v in vars(env).items() if not k.startswith("_") and k not in _BASE_FIELDS})
 
 
 def _expect_same(reference: list[Outcome], got: list[Outcome], what: str) -> None:
     for step, (want, have) in enumerate(zip(reference, got)):
         if want != have:
-            names = ("observation", "reward", "terminated", "truncated", "messages")
+            names = ("observation", "reward", "terminated", "truncated", "messages", "info")
             field = next(n for n, a, b in zip(names, want, have) if a != b)
             raise ConformanceError(f"{what}: step {step} differs in {field}: expected {want[names.index(field)]!r}"
                                    f", got {have[names.index(field)]!r}")

@@ -18,6 +18,31 @@ from trace_gym.spaces import String
 from trace_gym.tasks import Task
 from trace_gym.tools import Tool, call_tool
 
+_BASE_FIELDS = frozenset({"task", "turn_count", "messages", "observation_space", "action_space", "max_turns",
+                          "max_action_chars", "render_mode", "tasks", "spec", "parser", "tool_map"})
+_MISSING = object()
+_FINGERPRINT_BUDGET = 10_000
+
+
+def fingerprint(value: Any, budget: list[int] | None = None) -> Any:
+    """A comparable summary of ``value``: plain data (scalars, and lists, tuples, dicts and sets of plain data,
+    up to 10,000 items) by value, anything else by identity."""
+    budget = budget if budget is not None else [_FINGERPRINT_BUDGET]
+    if isinstance(value, float):
+        return ("float", repr(value))  # repr: NaN equals itself
+    if value is None or isinstance(value, bool | int | str | bytes):
+        return value
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        budget[0] -= len(value)
+        if budget[0] < 0:
+            return ("object", id(value), len(value))
+        if isinstance(value, dict):
+            return ("dict", tuple((fingerprint(k, budget), fingerprint(v, budget)) for k, v in value.items()))
+        if isinstance(value, set | frozenset):
+            return ("set", frozenset(fingerprint(v, budget) for v in value))
+        return (type(value).__name__, tuple(fingerprint(v, budget) for v in value))
+    return ("object", id(value))
+
 
 @dataclass
 class Turn:
@@ -35,10 +60,20 @@ class TextEnv(gym.Env[str, str]):
 
     ``episode_fields`` names the attributes that hold per-episode state beyond the base's; native snapshots
     deep-copy them (override ``state_dict``/``load_state_dict`` or ``native_snapshot`` for anything else).
+    A native snapshot refuses to miss state: a public attribute that changed since the episode began (after
+    ``begin``) but is not an episode field raises ``SnapshotError`` naming it. Plain data (numbers, strings,
+    lists, dicts, sets, tuples) is compared by value, other objects by identity. Attributes whose name starts
+    with ``_`` (caches) and those in ``untracked_fields`` are not checked.
+
+    Rewards belong to episodes: the reward of the turn that terminates the episode. A non-zero reward on any
+    other turn raises ``TraceGymError`` (it would otherwise be lost).
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium's class attribute
     episode_fields: tuple[str, ...] = ()
+    untracked_fields: tuple[str, ...] = ()
+    """Public attributes that change during an episode yet are not episode state (statistics), or that a custom
+    ``native_snapshot`` captures itself."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, render_mode: str | None = None,
                  max_action_chars: int = 32_000):
@@ -59,6 +94,7 @@ class TextEnv(gym.Env[str, str]):
         self._done = False
         self._last: tuple[str, dict[str, Any]] = ("", {})
         self._rng_after_reset: dict[str, Any] = {}
+        self._fingerprints: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- dataset
     @cached_property
@@ -97,6 +133,11 @@ class TextEnv(gym.Env[str, str]):
     def reset_info(self) -> dict[str, Any]:
         return {}
 
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended (terminated or truncated): ``step`` raises until ``reset`` or a restore."""
+        return self._done
+
     # ----------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
@@ -126,7 +167,11 @@ class TextEnv(gym.Env[str, str]):
         if truncated:
             info["stop_reason"] = "max_turns"
         self._done = result.terminated or truncated
-        reward = float(result.reward) if result.terminated else 0.0
+        reward = float(result.reward)
+        if not result.terminated and reward != 0.0:
+            raise TraceGymError(f"expected reward 0 on a turn that does not terminate the episode, got {reward}; "
+                                "fix: an episode's reward is the reward of its terminating turn: keep partial "
+                                "credit in an episode field and return it when the episode terminates")
         info = self._with_base_info(info)
         self._last = (result.observation, info)
         return result.observation, reward, result.terminated, truncated, info
@@ -142,6 +187,7 @@ class TextEnv(gym.Env[str, str]):
         if self.task is None:
             raise SnapshotError("expected a started episode; call reset() before snapshot()")
         if kind == "native":
+            self._check_untracked_state()
             return self.native_snapshot()
         if kind == "replay":
             return ReplaySnapshot(type(self).__qualname__, self.task, copy.deepcopy(self._rng_after_reset),
@@ -205,9 +251,26 @@ class TextEnv(gym.Env[str, str]):
     def _start(self, task: Task) -> tuple[str, dict[str, Any]]:
         self.task, self.turn_count, self._actions, self._done = task, 0, [], False
         obs = self.begin(task)
+        self._fingerprints = {k: fingerprint(v) for k, v in self._checked_fields().items()}
         info = self._with_base_info(self.reset_info())
         self._last = (obs, info)
         return obs, dict(info)
+
+    def _checked_fields(self) -> dict[str, Any]:
+        skip = {*self.episode_fields, *self.untracked_fields, *_BASE_FIELDS}
+        return {k: v for k, v in vars(self).items() if not k.startswith("_") and k not in skip}
+
+    def _check_untracked_state(self) -> None:
+        """Raise if a public attribute changed during the episode without being an episode field."""
+        now = {k: fingerprint(v) for k, v in self._checked_fields().items()}
+        changed = sorted(k for k in now.keys() | self._fingerprints.keys()
+                         if now.get(k, _MISSING) != self._fingerprints.get(k, _MISSING))
+        if changed:
+            raise SnapshotError(
+                f"expected every attribute that changes during an episode to be declared, got {changed} changed "
+                f"since begin() but not in {type(self).__name__}.episode_fields: a native snapshot would not "
+                f"restore them; fix: add them to episode_fields (or to untracked_fields if they never affect "
+                "observations or rewards)")
 
     def _with_base_info(self, info: dict[str, Any]) -> dict[str, Any]:
         assert self.task is not None

@@ -1,4 +1,5 @@
-"""Tools: a typed callable with a name, a description and a JSON schema, dispatched after validation."""
+"""Tools: a typed callable with a name, a description and a JSON schema, dispatched after validation; and
+``ToolCall``, one requested invocation (what an action parser produces and formats)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ from typing import Any
 
 import jsonschema
 
-from trace_gym.actions import ToolCall
 from trace_gym.errors import ConfigError
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object"}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One requested tool invocation."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
+
+from trace_gym.environments.records import read_records
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bfcl"
 
@@ -32,21 +33,16 @@ TRAIN_FRACTION = 0.8
 SPLIT_SEED = "trace-gym-bfcl-split-v0"
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 @cache
 def load_entries(category: str) -> tuple[dict[str, Any], ...]:
     """Question records of one category, each with its `ground_truth` (if any) merged in."""
     if category not in MULTI_TURN_CATEGORIES + SINGLE_TURN_CATEGORIES:
         raise ValueError(f"expected a bundled BFCL category {MULTI_TURN_CATEGORIES + SINGLE_TURN_CATEGORIES}, "
                          f"got {category!r}; fix: pick one of those")
-    entries = _read_jsonl(DATA_DIR / f"BFCL_v4_{category}.json")
+    entries = read_records(DATA_DIR / f"BFCL_v4_{category}.json")
     answer_path = DATA_DIR / "possible_answer" / f"BFCL_v4_{category}.json"
     if answer_path.exists():
-        answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(answer_path)}
+        answers = {a["id"]: a["ground_truth"] for a in read_records(answer_path)}
         for e in entries:
             e["ground_truth"] = answers[e["id"]]
     return tuple(entries)
@@ -55,7 +51,7 @@ def load_entries(category: str) -> tuple[dict[str, Any], ...]:
 @cache
 def func_docs(class_name: str) -> tuple[dict[str, Any], ...]:
     """BFCL function docs of one multi-turn backend class."""
-    return tuple(_read_jsonl(DATA_DIR / "multi_turn_func_doc" / FUNC_DOC_FILES[class_name]))
+    return tuple(read_records(DATA_DIR / "multi_turn_func_doc" / FUNC_DOC_FILES[class_name]))
 
 
 def entry_functions(entry: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, list[dict[str, Any]]]]:

@@ -14,9 +14,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from trace_gym.actions import HermesParser
 from trace_gym.environments.bfcl.backends import keyword_call
-from trace_gym.environments.bfcl.calls import Call, parse_ground_truth_call, to_hermes, to_python_call
+from trace_gym.environments.bfcl.calls import Call, parse_ground_truth_call, to_python_call
 from trace_gym.tasks import Task
+from trace_gym.tools import ToolCall
 
 Corruption = Literal["drop", "reorder", "perturb"]
 DONE = "The request has been handled."
@@ -128,6 +130,6 @@ class BFCLExpert:
     def render(self, calls: Sequence[Call]) -> str:
         if not calls:
             return DONE
-        if self.style == "hermes":
-            return "\n".join(to_hermes(c) for c in calls)
+        if self.style == "hermes":  # keyword calls only (act named the positional arguments)
+            return HermesParser().format(*(ToolCall(c.name, c.arguments) for c in calls))
         return "[" + ", ".join(to_python_call(c) for c in calls) + "]"

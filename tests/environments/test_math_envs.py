@@ -1,15 +1,16 @@
 """Math envs: conformance on every variant, the scripted experts, parsing formats, data loading."""
 
 import json
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 from trace_gym.checker import check_trace_env
 from trace_gym.environments.arithmetic import ArithmeticConfig, make_tasks
-from trace_gym.environments.math_envs import DATASETS, ArithmeticEnv, MathEnv, load_math_tasks
+from trace_gym.environments.math_envs import DATASETS, ArithmeticEnv, MathEnv, load_math_tasks, python_call
 from trace_gym.environments.sandbox import start_template
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,7 +62,7 @@ def test_arithmetic_expert_noise_lowers_success() -> None:
 
 
 def test_variables_persist_across_turns_in_an_episode() -> None:
-    env = MathEnv(dataset="aime24")
+    env = MathEnv(dataset="aime24", action_format="tags")
     env.reset(seed=0)
     env.step("<python>n = 12</python>")
     obs, *_ = env.step("<python>print(n * 2)</python>")
@@ -70,7 +71,7 @@ def test_variables_persist_across_turns_in_an_episode() -> None:
 
 
 def test_new_episode_starts_with_a_fresh_namespace() -> None:
-    env = MathEnv(dataset="aime24")
+    env = MathEnv(dataset="aime24", action_format="tags")
     env.reset(seed=0)
     env.step("<python>n = 12</python>")
     env.reset(seed=1)
@@ -123,3 +124,95 @@ def _play(env, expert, info) -> float:
         if terminated or truncated:
             return reward
     return 0.0
+
+
+# ----------------------------------------------------------------- data as users have it
+def test_prompt_answer_records_load_as_aime_2025_ships_them(tmp_path) -> None:
+    path = tmp_path / "aime25.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(3)))
+    tasks = load_math_tasks("aime24", data_path=path)
+    assert [(t.prompt, t.answer) for t in tasks] == [(f"What is {i} + 1?", str(i + 1)) for i in range(3)]
+
+
+def test_fields_map_other_column_names(tmp_path) -> None:
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps([{"statement": "2*3?", "solution_value": 6, "key": "p1"}]))
+    task = load_math_tasks("aime24", data_path=path, fields={"problem": "statement", "answer": "solution_value",
+                                                            "id": "key"})[0]
+    assert (task.id, task.prompt, task.answer) == ("p1", "2*3?", "6")
+
+
+def test_an_unknown_layout_names_the_file_and_says_how_to_map_it(tmp_path) -> None:
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"statement": "2*3?", "value": 6}) + "\n")
+    with pytest.raises(DataError, match=r"odd\.jsonl record 0.*fix: pass fields="):
+        load_math_tasks("aime24", data_path=path)
+
+
+@pytest.mark.parametrize(("content", "match"), [(None, "no such file"), ("{not json", "parse error on line 1")])
+def test_missing_or_malformed_data_path_raises_a_data_error_naming_the_file(tmp_path, content, match) -> None:
+    path = tmp_path / "problems.json"
+    if content is not None:
+        path.write_text(content)
+    env = MathEnv(data_path=path)
+    with pytest.raises(DataError, match=rf"{match}.*") as err:
+        env.reset(seed=0)
+    assert str(path) in str(err.value) and "fix:" in str(err.value)
+    env.close()
+
+
+def test_tasks_from_a_datasets_dataset_with_a_column_mapping() -> None:
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"query": ["1+1?", "2+2?"], "target": ["2", "4"]})
+    env = MathEnv(data_path=ds, fields={"problem": "query", "answer": "target"})
+    env.reset(options={"index": 1})
+    assert env.task.prompt == "2+2?" and env.task.answer == "4"
+    env.close()
+
+
+# ----------------------------------------------------------------- formats
+def test_math_envs_default_to_hermes_and_arithmetic_to_tags() -> None:
+    math_env, arithmetic = MathEnv(dataset="aime24"), ArithmeticEnv(difficulty=1)
+    assert (math_env.action_format, arithmetic.action_format) == ("hermes", "tags")
+    _, info = math_env.reset(seed=0)
+    assert "<tool_call>" in info["messages"][0]["content"] and "\\boxed" in info["messages"][0]["content"]
+    math_env.close()
+    arithmetic.close()
+
+
+def test_a_final_turn_that_only_writes_boxed_is_the_answer_where_the_prompt_asks_for_it() -> None:
+    env = MathEnv(dataset="gsm8k")
+    env.reset(options={"index": 0})
+    gold = env.task.answer
+    _, reward, terminated, _, info = env.step(f"So the total is \\boxed{{{gold}}}.")
+    assert (reward, terminated, info["answer"], info["stop_reason"]) == (1.0, True, gold, "answer")
+    env.close()
+
+
+def test_boxed_inside_a_tool_call_turn_is_not_an_answer() -> None:
+    env = MathEnv(dataset="gsm8k")
+    env.reset(options={"index": 0})
+    action = env.parser.format(python_call("print(r'\\boxed{1}')"))
+    obs, reward, terminated, _, _ = env.step(action)
+    assert (obs, reward, terminated) == ("\\boxed{1}\n", 0.0, False)
+    env.close()
+
+
+def test_arithmetic_prompt_asks_for_answer_tags_so_boxed_is_an_error() -> None:
+    env = ArithmeticEnv(difficulty=1)
+    env.reset(seed=0)
+    obs, reward, terminated, *_ = env.step(f"\\boxed{{{env.task.answer}}}")
+    assert obs.startswith("Error:") and (reward, terminated) == (0.0, False)
+    env.close()
+
+
+def test_quickstart_trains_arithmetic_in_the_tag_format() -> None:
+    """configs/quickstart.yaml gives no action_format: the tiny model's format is the Arithmetic default."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml").read_text())
+    assert config["env"]["id"] == "trace/Arithmetic-v0"
+    kwargs = {**config["env"]["kwargs"], "n_tasks": 5}
+    env = gym.make("trace/Arithmetic-v0", **kwargs).unwrapped
+    assert env.action_format == kwargs.get("action_format", "tags") == "tags"
+    env.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 
@@ -128,9 +129,43 @@ def test_user_musique_file(tmp_path) -> None:
         {"id": "m2", "question": "q2?", "answer": "", "answer_aliases": [], "answerable": False, "paragraphs": para},
     ]
     data = load_musique(_write(tmp_path / "m.json", records, False))
-    assert [t.id for t in data.tasks] == ["m1"]  # unanswerable contrast questions are skipped
+    assert [t.id for t in data.tasks] == ["m1"]
     assert data.tasks[0].answer == ["Stanley Hall", "G. Stanley Hall"]
     assert data.tasks[0].meta["supporting_titles"] == ["A"]
+    assert data.support["m1"] == (Passage("A", "A text."),)
+
+
+MUSIQUE_FULL = [
+    {"id": "a1", "question": "q1?", "answer": "x", "answer_aliases": [], "answerable": True,
+     "paragraphs": [{"idx": 0, "title": "A", "paragraph_text": "A text.", "is_supporting": True}]},
+    {"id": "u1", "question": "q1 twisted?", "answer": "x", "answer_aliases": [], "answerable": False,
+     "paragraphs": [{"idx": 0, "title": "U", "paragraph_text": "Only in the unanswerable one.",
+                     "is_supporting": False}]},
+]
+
+
+def test_musique_unanswerable_records_are_kept_as_distractors_and_reported(tmp_path, caplog) -> None:
+    data = load_musique(_write(tmp_path / "full.json", MUSIQUE_FULL, False))
+    assert [t.id for t in data.tasks] == ["a1"] and [t.id for t in data.unanswerable] == ["u1"]
+    assert Passage("U", "Only in the unanswerable one.") in data.passages
+    assert "1 unanswerable MuSiQue questions are not tasks" in caplog.text
+
+
+def test_musique_unanswerable_questions_become_tasks_by_option(tmp_path) -> None:
+    data = load_musique(_write(tmp_path / "full.json", MUSIQUE_FULL, False), include_unanswerable=True)
+    task = data.tasks[1]
+    assert (task.id, task.answer, task.meta["answerable"], task.meta["paired_answer"]) == (
+        "u1", ["unanswerable"], False, "x")
+
+
+def test_env_with_unanswerable_questions_says_how_to_answer_them(tmp_path) -> None:
+    from trace_gym.environments.qa import MultiHopQAEnv
+
+    env = MultiHopQAEnv("musique", data_path=_write(tmp_path / "full.json", MUSIQUE_FULL, False),
+                        include_unanswerable=True, cache_dir=tmp_path)
+    _, info = env.reset(options={"task_id": "u1"})
+    assert "answer unanswerable" in info["messages"][0]["content"]
+    assert env.step("<answer>Unanswerable</answer>")[1] == 1.0
 
 
 def test_user_question_list_file(tmp_path) -> None:
@@ -146,6 +181,57 @@ def test_user_bamboogle_file(tmp_path) -> None:
              "Answer": "William Howard Taft"}]
     data = load_bamboogle(_write(tmp_path / "b.json", rows, False))
     assert data.tasks[0].answer == ["William Howard Taft"] and data.tasks[0].meta["dataset"] == "bamboogle"
+
+
+def test_bamboogle_accepted_answer_lists_are_aliases(tmp_path) -> None:
+    """The decomposed release lists the answers it accepts; as a table cell that is a list literal."""
+    path = tmp_path / "decomposed.csv"
+    path.write_text('Question,Answer,Accepted answers\n"Who was president of the United States in the year '
+                    'that Citibank was founded?",james madison,"[\'James Madison\', \'Madison\']"\n')
+    task = load_bamboogle(path).tasks[0]
+    assert task.answer == ["james madison", "James Madison", "Madison"]
+    listed = load_bamboogle([{"question": "q?", "answer": ["Titan IIIE", "Titan 3E"]}]).tasks[0]
+    assert listed.answer == ["Titan IIIE", "Titan 3E"]
+
+
+def test_bamboogle_releases_give_the_same_ids_to_the_same_questions(tmp_path) -> None:
+    """The bundled R1-Searcher list numbers from 1; the original sheet and its HF copy have no ids (rows from 0)."""
+    bundled = load_bundled("bamboogle", "test").tasks
+    sheet = [{"Question": t.prompt, "Answer": t.answer[0]} for t in bundled]
+    path = tmp_path / "Bamboogle Prerelease - Sheet1.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, ["Question", "Answer"])
+        writer.writeheader()
+        writer.writerows(sheet)
+    released = load_bamboogle(path).tasks
+    assert [t.id for t in released] == [t.id for t in bundled]
+    assert len({t.id for t in bundled}) == 125 and bundled[0].id.startswith("bamboogle-")
+
+
+def test_fields_map_a_user_question_list(tmp_path) -> None:
+    rows = [{"query": "q?", "target": "a", "alt": ["b"]}]
+    task = load_qa("hotpotqa", data_path=_write(tmp_path / "r.jsonl", rows, True),
+                   fields={"question": "query", "answer": "target", "aliases": "alt"}).tasks[0]
+    assert (task.prompt, task.answer) == ("q?", ["a", "b"])
+    with pytest.raises(DataError, match="expected fields= keys among"):
+        load_qa("hotpotqa", data_path=_write(tmp_path / "s.jsonl", rows, True), fields={"questoin": "query"})
+
+
+def test_env_takes_a_datasets_dataset_with_a_column_mapping(tmp_path) -> None:
+    datasets = pytest.importorskip("datasets")
+    from trace_gym.environments.qa import MultiHopQAEnv
+
+    columnar = {  # the hub's layout: Arrow holds no lists that mix titles and sentence lists
+        "id": "h1", "query": HOTPOT_RECORD["question"], "answer": HOTPOT_RECORD["answer"],
+        "supporting_facts": {"title": [t for t, _ in HOTPOT_RECORD["supporting_facts"]],
+                             "sent_id": [i for _, i in HOTPOT_RECORD["supporting_facts"]]},
+        "context": {"title": [t for t, _ in HOTPOT_RECORD["context"]],
+                    "sentences": [s for _, s in HOTPOT_RECORD["context"]]},
+    }
+    env = MultiHopQAEnv("hotpotqa", data_path=datasets.Dataset.from_list([columnar]), fields={"question": "query"},
+                        cache_dir=tmp_path)
+    env.reset(seed=0)
+    assert env.task.prompt == HOTPOT_RECORD["question"] and env.corpus_passages()
 
 
 def test_load_qa_detects_the_layout_of_a_user_file(tmp_path) -> None:
@@ -173,7 +259,7 @@ def test_malformed_files_are_data_errors(tmp_path) -> None:
         load_hotpotqa(tmp_path / "bad.json")
     with pytest.raises(DataError, match="context"):
         load_hotpotqa(_write(tmp_path / "q.json", [{"question": "q", "answer": "a"}], False))
-    with pytest.raises(DataError, match="missing"):
+    with pytest.raises(DataError, match=r"no such file.*fix:"):
         load_hotpotqa(tmp_path / "absent.json")
 
 

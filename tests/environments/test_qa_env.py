@@ -9,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trace_gym.actions import HermesParser
 from trace_gym.checker import check_trace_env
 from trace_gym.environments.qa import MultiHopQAEnv
 from trace_gym.environments.qa_data import bundled_corpus, load_bundled
-from trace_gym.environments.qa_expert import QAExpert, format_action, issued_queries
+from trace_gym.environments.qa_expert import QAExpert, issued_queries, search_turn
 from trace_gym.environments.qa_metrics import exact_match, normalize_answer, score_answer, token_f1
 from trace_gym.errors import ConfigError
 
@@ -37,7 +38,7 @@ def play(env: MultiHopQAEnv, expert: QAExpert, **reset) -> tuple[float, bool, di
 
 # ----------------------------------------------------------------- scoring, computed by hand
 def test_normalisation_drops_case_punctuation_articles_and_spaces() -> None:
-    assert normalize_answer("  The Quick,  brown-fox! ") == "quick brownfox"
+    assert normalize_answer("  The Quick,  brown-fox! ") == "quick brown fox"  # a dash separates words
     assert normalize_answer("An apple a day") == "apple day"
     assert normalize_answer("theatre") == "theatre"  # articles only as whole words
 
@@ -59,13 +60,13 @@ def test_yes_no_must_match_exactly() -> None:
 def test_exact_match_and_aliases() -> None:
     assert exact_match("The Beatles", "beatles") == 1.0
     scores = score_answer("G. Stanley Hall", ["Stanley Hall", "G. Stanley Hall"])
-    assert scores == {"em": 1.0, "f1": 1.0, "success": 1.0}
+    assert scores == {"em": 1.0, "f1": 1.0, "accuracy": 1.0}
     assert score_answer("Hall", ["Stanley Hall"])["em"] == 0.0
 
 
 def test_success_threshold_is_f1_0_3() -> None:
-    assert score_answer("w1 w2", "w1 x y z")["success"] == 1.0  # F1 = 1/3
-    assert score_answer("w1 w2 w3", "w1 x y z")["success"] == 0.0  # F1 = 2/7
+    assert score_answer("w1 w2", "w1 x y z")["accuracy"] == 1.0  # F1 = 1/3
+    assert score_answer("w1 w2 w3", "w1 x y z")["accuracy"] == 0.0  # F1 = 2/7
 
 
 # ----------------------------------------------------------------- conformance
@@ -104,7 +105,7 @@ def test_search_observation_lists_numbered_passages(cache: Path) -> None:
     env.reset(options={"index": 0})
     assert env.task is not None
     title = env.task.meta["supporting_titles"][0]
-    obs, reward, terminated, truncated, info = env.step(format_action("hermes", "search", title))
+    obs, reward, terminated, truncated, info = env.step(search_turn(HermesParser(), title))
     assert obs.startswith(f"Doc 1 (Title: {title})") and "\nDoc 2 (Title: " in obs and "Doc 3" not in obs
     assert (reward, terminated, truncated, "error" in info) == (0.0, False, False, False)
 
@@ -176,7 +177,7 @@ def test_expert_resumes_from_a_restored_snapshot(cache: Path) -> None:
 def test_issued_queries_reads_both_formats() -> None:
     messages = [
         {"role": "user", "content": "<search>not mine</search>"},
-        {"role": "assistant", "content": format_action("hermes", "search", "Lisbon")},
+        {"role": "assistant", "content": search_turn(HermesParser(), "Lisbon")},
         {"role": "assistant", "content": "<search> Porto </search> <tool_call>{bad json</tool_call>"},
     ]
     assert issued_queries(messages) == ["Lisbon", "Porto"]
@@ -242,7 +243,7 @@ def test_bamboogle_with_a_user_file_searches_the_pooled_corpus(cache: Path, tmp_
     env = make(cache, dataset="bamboogle", data_path=path)
     env.reset(seed=0)
     assert len(env.engine.index) == len(make(cache, dataset="hotpotqa", corpus="all").corpus_passages())
-    obs, *_ = env.step(format_action("hermes", "search", "Lisbon capital Portugal"))
+    obs, *_ = env.step(search_turn(HermesParser(), "Lisbon capital Portugal"))
     assert obs.startswith("Doc 1 (Title: ")
     reward, _, _ = play(env, env.expert(), seed=0)
     assert reward == 1.0
@@ -261,7 +262,7 @@ def test_user_corpus_replaces_the_bundled_one(cache: Path, tmp_path: Path) -> No
     path.write_text("\n".join(json.dumps(r) for r in rows))
     env = make(cache, corpus_path=path)
     env.reset(seed=0)
-    obs, *_ = env.step(format_action("hermes", "search", "zorblax moon"))
+    obs, *_ = env.step(search_turn(HermesParser(), "zorblax moon"))
     assert obs == "Doc 1 (Title: Zorblax) Zorblax is a made-up moon of Neptune."
 
 

@@ -216,3 +216,32 @@ def test_top_k_breaks_ties_by_corpus_order_and_skips_zero_scores() -> None:
     assert _top_k(scores, 3) == [(5, 3.0), (1, 2.0), (3, 2.0)]
     assert _top_k(scores, 10) == [(5, 3.0), (1, 2.0), (3, 2.0), (4, 2.0), (0, 1.0)]
     assert _top_k(np.zeros(4), 2) == []
+
+
+def test_a_title_query_lists_that_title_first() -> None:
+    """Plain BM25 ranks the short article below longer ones that repeat its name (MuSiQue's "Oklahoma")."""
+    passages = [Passage("Wardville, Oklahoma", "Wardville is a town in Oklahoma. Oklahoma Oklahoma."),
+                Passage("Grant County, Oklahoma", "Grant County is a county of Oklahoma, in Oklahoma."),
+                Passage("Oklahoma", "Oklahoma is a state of the United States, admitted in 1907."), *_FILLERS]
+    index = BM25Index.build(passages)
+    assert index.search("Oklahoma", 1)[0][0] != 2  # the plain ranking: a longer article first
+    assert SearchEngine(index, top_k=1)("oklahoma").startswith("Doc 1 (Title: Oklahoma) ")
+    assert not SearchEngine(index, top_k=1, title_first=False)("Oklahoma").startswith("Doc 1 (Title: Oklahoma) ")
+
+
+def test_the_query_window_shows_the_part_of_a_long_passage_that_matches() -> None:
+    text = ("Anna Berg (1 May 1901 - 2 June 1980) was a painter. " + "She painted landscapes of the coast. " * 30
+            + "She died of pneumonia in Bergen.")
+    passages = [Passage("Anna Berg", text), *_FILLERS]
+    index = BM25Index.build(passages)
+    head = SearchEngine(index, top_k=1, max_chars=300)("Anna Berg pneumonia")
+    focused = SearchEngine(index, top_k=1, max_chars=300, window="query")("Anna Berg pneumonia")
+    assert "pneumonia" not in head and "pneumonia" in focused
+    assert "Anna Berg (1 May 1901" in focused and " ... She died of pneumonia" in focused
+    assert len(focused) <= len("Doc 1 (Title: Anna Berg) ") + 300 + 12
+
+
+def test_the_query_window_is_the_plain_opening_when_nothing_later_matches() -> None:
+    text = "Anna Berg was a painter. " + "She painted landscapes of the coast. " * 30
+    engine = SearchEngine(BM25Index.build([Passage("Anna Berg", text), *_FILLERS]), 1, 200, window="query")
+    assert engine("Anna Berg") == SearchEngine(engine.index, top_k=1, max_chars=200)("Anna Berg")

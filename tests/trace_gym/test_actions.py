@@ -1,7 +1,8 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_gym import HermesParser, TagParser, Tool
+from trace_gym import ConfigError, HermesParser, TagParser, Tool, ToolCall
 
 
 def _search(query: str) -> str:
@@ -72,3 +73,43 @@ def test_parsers_never_raise(text):
     for parser in (HermesParser(), TagParser()):
         parsed = parser.parse(text, TOOLS)
         assert (parsed.error is None) == bool(parsed.calls or parsed.answer is not None)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+MARKED_TEXT = st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<answer>", "</answer>", "x", " ", '"', "\\"]),
+                       max_size=8).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["search", "calc"]), st.dictionaries(st.text(max_size=10), JSON_VALUES | MARKED_TEXT,
+                                                             max_size=4))
+def test_hermes_parse_inverts_format(name, arguments):
+    call = ToolCall(name, arguments)
+    parsed = HermesParser().parse(HermesParser().format(call), TOOLS)
+    assert parsed.error is None and parsed.calls == (call,)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="<"), max_size=60))
+def test_tag_parse_inverts_format(query):
+    call = ToolCall("search", {"query": query})
+    parsed = TagParser().parse(TagParser().format(call), TOOLS)
+    assert parsed.error is None and parsed.calls == (call,)
+
+
+def test_format_writes_several_calls_in_order_and_answers():
+    calls = (ToolCall("search", {"query": "a"}), ToolCall("calc", {"a": 1, "b": 2}))
+    assert HermesParser().parse(HermesParser().format(*calls), TOOLS).calls == calls
+    for parser in (HermesParser(), TagParser()):
+        assert parser.parse(parser.format_answer("Paris"), TOOLS).answer == "Paris"
+
+
+def test_tag_format_refuses_calls_a_tag_cannot_write():
+    with pytest.raises(ConfigError, match="one string argument"):
+        TagParser().format(ToolCall("calc", {"a": 1, "b": 2}))
+    with pytest.raises(ConfigError, match="without </search>"):
+        TagParser().format(ToolCall("search", {"query": "a</search>b"}))

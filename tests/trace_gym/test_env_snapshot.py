@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.trace_gym.toy_envs import DiceEnv
-from trace_gym import SnapshotError, TraceGymError
+from tests.trace_gym.toy_envs import DiceEnv, InventoryEnv, ObjectInventoryEnv
+from trace_gym import SnapshotError, Task, TextEnv, TraceGymError, Turn
 from trace_gym.checker import ConformanceError, check_trace_env, play_outcomes
 
 ROLL = '<tool_call>{"name": "roll", "arguments": {"sides": 20}}</tool_call>'
@@ -92,8 +92,96 @@ def test_conformance_checker_catches_state_missing_from_snapshots():
     class Forgetful(DiceEnv):
         episode_fields = ("rolls",)  # forgets "total"
 
-    with pytest.raises(ConformanceError, match="native restore"):
+    with pytest.raises(ConformanceError, match="total"):
         check_trace_env(lambda: Forgetful(max_turns=10), depth=3, skip_gym_check=True)
+
+
+def sell(item: str, n: int) -> str:
+    return f'<tool_call>{{"name": "sell", "arguments": {{"item": "{item}", "n": {n}}}}}</tool_call>'
+
+
+COUNT = '<tool_call>{"name": "count", "arguments": {"item": "widget"}}</tool_call>'
+
+
+class ForgetfulInventory(InventoryEnv):
+    episode_fields = ()  # the README shape, without declaring the stock
+
+
+def test_restore_returns_the_stock_of_the_snapshot_turn() -> None:
+    env = InventoryEnv()
+    env.reset(seed=0)
+    env.step(sell("widget", 2))
+    snap = env.snapshot()  # 8 widget
+    env.step(sell("widget", 1))  # 7
+    env.restore(snap)
+    assert env.step(COUNT)[0] == "8"
+
+
+def test_native_snapshot_refuses_episode_state_missing_from_episode_fields() -> None:
+    """The issue's inventory: before, the snapshot was taken at 8 and a restore then read 7."""
+    env = ForgetfulInventory()
+    env.reset(seed=0)
+    env.step(sell("widget", 2))
+    with pytest.raises(SnapshotError, match=r"\['stock'\].*episode_fields"):
+        env.snapshot()
+
+
+def test_replay_snapshots_need_no_declaration() -> None:
+    env = ForgetfulInventory()
+    env.reset(seed=0)
+    env.step(sell("widget", 2))
+    snap = env.snapshot("replay")
+    env.step(sell("widget", 1))
+    env.restore(snap)
+    assert env.step(COUNT)[0] == "8"
+
+
+def test_untracked_fields_are_not_checked() -> None:
+    class Counted(ForgetfulInventory):
+        untracked_fields = ("stock",)
+
+    env = Counted()
+    env.reset(seed=0)
+    env.step(sell("widget", 2))
+    env.snapshot()  # the author's call: declared as not episode state
+
+
+def test_checker_catches_a_forgotten_episode_field_without_example_actions() -> None:
+    with pytest.raises(ConformanceError, match="stock"):
+        check_trace_env(ForgetfulInventory, skip_gym_check=True)
+
+
+def test_checker_plays_schema_calls_and_catches_state_held_in_an_object() -> None:
+    """Objects are compared by identity at snapshot time; the restore comparison is what catches these."""
+    with pytest.raises(ConformanceError, match="native restore"):
+        check_trace_env(ObjectInventoryEnv, skip_gym_check=True)
+
+
+def test_checker_passes_the_inventory_env_that_declares_its_stock() -> None:
+    check_trace_env(InventoryEnv)
+
+
+class PartialCredit(TextEnv):
+    def __init__(self) -> None:
+        super().__init__(tasks=[Task("t", "say anything")], max_turns=3)
+
+    def turn(self, action: str) -> Turn:
+        return Turn("ok", reward=0.5)
+
+
+def test_a_reward_on_a_turn_that_does_not_terminate_raises() -> None:
+    env = PartialCredit()
+    env.reset(seed=0)
+    with pytest.raises(TraceGymError, match="expected reward 0 on a turn that does not terminate"):
+        env.step("x")
+
+
+def test_done_says_when_the_episode_is_over() -> None:
+    env = DiceEnv(max_turns=2)
+    env.reset(seed=0)
+    assert not env.done
+    env.step("<answer>0</answer>")
+    assert env.done
 
 
 def test_gymnasium_check_env_passes_through_gym_make():

@@ -51,3 +51,65 @@ class DiceEnv(ToolEnv):
                 '<tool_call>{"name": "roll", "arguments": {}}</tool_call><tool_call>{"name": "add", '
                 '"arguments": {"a": 1, "b": 2}}</tool_call>',
                 f"<answer>{self.total}</answer>"]
+
+
+class InventoryEnv(ToolEnv):
+    """The README's plug-in shape with a stock that tools change, and no ``example_actions``: what a new user
+    writes. ``episode_fields`` is right here; the tests break it on purpose."""
+
+    episode_fields: tuple[str, ...] = ("stock",)
+
+    def load_tasks(self) -> list[Task]:
+        return [Task(id="widgets", prompt="The shop holds 10 widget and 4 gadget. Sell some, then say how many "
+                                          "widget are left.", answer=None)]
+
+    def begin(self, task: Task) -> str:
+        self.stock = {"widget": 10, "gadget": 4}
+        return super().begin(task)
+
+    def tools(self) -> list[Tool]:
+        return [Tool.from_function(self.sell), Tool.from_function(self.count)]
+
+    def sell(self, item: str, n: int) -> str:
+        """Sell ``n`` of an item."""
+        if item not in self.stock:
+            return f"no item {item!r}"
+        self.stock[item] = max(0, self.stock[item] - n)
+        return f"sold; {self.stock[item]} {item} left"
+
+    def count(self, item: str) -> str:
+        """How many of an item are in stock."""
+        return str(self.stock.get(item, 0))
+
+    def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
+        return float(answer.strip() == str(self.stock["widget"])), {}
+
+
+class Stock:
+    """State held in an object: the snapshot check compares objects by identity, so only playing finds it."""
+
+    def __init__(self) -> None:
+        self.widget = 10
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Stock:
+        copied = Stock()
+        copied.widget = self.widget
+        return copied
+
+
+class ObjectInventoryEnv(InventoryEnv):
+    episode_fields = ()  # forgets "store"
+
+    def begin(self, task: Task) -> str:
+        self.store = Stock()
+        self.stock = {}
+        return ToolEnv.begin(self, task)
+
+    def sell(self, item: str, n: int) -> str:
+        """Sell ``n`` of an item."""
+        self.store.widget -= n  # back orders: the count may go negative, so every sale shows
+        return f"sold; {self.store.widget} left"
+
+    def count(self, item: str) -> str:
+        """How many of an item are in stock."""
+        return str(self.store.widget)

@@ -1,0 +1,50 @@
+"""The conformance checker's own parts: schema-valid arguments and the calls it writes."""
+
+import jsonschema
+import numpy as np
+import pytest
+
+from tests.trace_gym.toy_envs import DiceEnv, InventoryEnv
+from trace_gym.checker import sample_value, schema_calls
+
+SCHEMAS = [
+    {"type": "object", "properties": {"q": {"type": "string", "minLength": 3, "maxLength": 5}}, "required": ["q"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 2, "maximum": 4},
+                                      "x": {"type": "number", "exclusiveMinimum": 1.5, "maximum": 2.0}},
+     "required": ["n", "x"]},
+    {"type": "object", "properties": {"mode": {"enum": ["a", "b"]}, "flag": {"type": "boolean"},
+                                      "k": {"const": 7}, "v": {"type": ["integer", "null"]}}, "required": ["mode"]},
+    {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 2,
+                                                "maxItems": 3},
+                                      "nested": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                                 "required": ["a"]},
+                                      "either": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+     "required": ["items", "nested", "either"]},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_sampled_arguments_are_valid_under_their_schema(schema) -> None:
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        value = sample_value(schema, rng, words=["alpha", "be", "gamma"])
+        assert validator.is_valid(value), (value, list(validator.iter_errors(value)))
+
+
+def test_schema_calls_are_valid_calls_of_the_env_tools() -> None:
+    env = DiceEnv()
+    env.reset(seed=0)
+    for action in schema_calls(env, np.random.default_rng(1), 30):
+        parsed = env.parser.parse(action, env.tool_map)
+        assert parsed.error is None and len(parsed.calls) == 1
+        tool = env.tool_map[parsed.calls[0].name]
+        assert tool.validator.is_valid(parsed.calls[0].arguments)
+
+
+def test_schema_calls_draw_strings_from_the_episode() -> None:
+    env = InventoryEnv()
+    env.reset(seed=0)
+    calls = schema_calls(env, np.random.default_rng(0), 40)
+    assert any('"item": "widget"' in c for c in calls)
