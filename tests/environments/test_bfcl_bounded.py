@@ -31,7 +31,7 @@ def test_a_hostile_call_returns_an_error_at_its_deadline(env, action) -> None:
     env.reset(options={"task": _math_task(env)})
     env.step("[mean(numbers=[1, 2, 3])]")  # warm: the bound below is about the call
     start = time.monotonic()
-    obs, reward, terminated, truncated, info = env.step(action)
+    obs, _reward, terminated, truncated, info = env.step(action)
     elapsed = time.monotonic() - start
     assert "stopped" in obs and "timed out" in obs and "error" in info
     assert elapsed < backends.CALL_BOUND.timeout_s + 25  # only a hang exceeds this
