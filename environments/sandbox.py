@@ -104,7 +104,8 @@ class SandboxLimits:
     file_bytes: int = 16 << 20
     """Largest file a cell may write (RLIMIT_FSIZE)."""
     processes: int = 64
-    """RLIMIT_NPROC: processes of the lineage (its own user namespace), snapshots included."""
+    """RLIMIT_NPROC: processes of the lineage (its own user namespace), snapshots included. With
+    isolation="none" there is no user namespace: the count is every process of the sandbox user."""
     max_output_chars: int = 4000
     """Printed output plus the last value kept per cell; the rest is cut with a note."""
     traceback_lines: int = 6
@@ -172,16 +173,16 @@ class _Template:
         with contextlib.suppress(OSError):
             wire.send(ours, {"op": "init", "namespaces": namespaces, "seccomp": base64.b64encode(program).decode(),
                              "uid": self.uid, "gid": self.gid, "mount_proc": namespaces and as_root})
-        hello = wire.recv(ours, time.monotonic() + _TEMPLATE_START_S, writer=writer)
-        if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
-            self.shutdown()
-            errors.seek(0)
-            said = errors.read().decode(errors="replace").strip()[-800:]
-            detail = (hello or {}).get("error") or said or "no message"
-            raise SandboxUnavailableError(
-                f"expected the sandbox template (isolation={isolation!r}) to start, it did not: {detail}; fix: "
-                + _FIXES[isolation])
-        errors.close()
+        with errors:
+            hello = wire.recv(ours, time.monotonic() + _TEMPLATE_START_S, writer=writer)
+            if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
+                self.shutdown()
+                errors.seek(0)
+                said = errors.read().decode(errors="replace").strip()[-800:]
+                detail = (hello or {}).get("error") or said or "no message"
+                raise SandboxUnavailableError(
+                    f"expected the sandbox template (isolation={isolation!r}) to start, it did not: {detail}; fix: "
+                    + _FIXES[isolation])
         self.pid = writer[0]  # the template's pid here, stamped by the kernel
 
     @classmethod
