@@ -513,6 +513,9 @@ def main(fd: int) -> None:
     for name in _WARM:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    import gc
+
+    gc.freeze()  # the template's objects are never collected: a collection in a fork would copy their pages
     init = wire.recv(host)
     if init is None:
         os._exit(1)
