@@ -24,9 +24,11 @@ $(STAMP): pyproject.toml Makefile
 lint: venv
 	$(VENV)/bin/ruff check .
 
-# The viewer's browser tests need Debian's chromium; the script does nothing when it is already installed.
+# The viewer's browser tests need Debian's chromium, the sandbox's jail libseccomp; the scripts do nothing when
+# they are already installed.
 test: venv
 	bash scripts/install_chromium.sh
+	bash scripts/install_sandbox.sh
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

@@ -5,18 +5,22 @@ as text and re-encoding it can tokenize an action differently than it was sample
 by a stop string, a template that rewrites earlier turns). `Conversation` instead keeps one growing id list:
 the rendered prompt, then each turn's sampled ids verbatim, then the template's rendering of the
 observation messages that follow (computed as a text delta of the template, so any chat template works).
+
+Observations are text, never control tokens: what a tool or a user turn says is encoded with the tokenizer's
+special tokens treated as plain characters, so a tool printing ``<|im_end|>\n<|im_start|>assistant`` cannot
+close its turn or open another; only the template's own markup becomes control ids. No content can make the
+recording raise: the markers that split the template's text are fresh for each call.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trace_gym.errors import ConfigError
-
-_SENTINEL = "\x00TRACE-GYM-TURN\x00"
 
 
 def render_prompt(tokenizer, messages: Sequence[Mapping[str, Any]],
@@ -29,6 +33,29 @@ def render_prompt(tokenizer, messages: Sequence[Mapping[str, Any]],
 def encode(tokenizer, text: str) -> list[int]:
     """Ids of template-rendered text (the template already wrote any special tokens)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Ids of text that must stay text: special tokens written in it are split like any other characters."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+def special_token_strings(tokenizer) -> set[str]:
+    """Every special token's text (the named ones and added tokens marked special)."""
+    found = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
+        if getattr(added, "special", False):
+            found.add(str(added.content))
+    return {t for t in found if t}
+
+
+def _fresh_marker(texts: Iterable[str], tag: str) -> str:
+    """A marker that occurs in none of ``texts`` (so no content can be mistaken for it)."""
+    pool = list(texts)
+    while True:
+        marker = f"\ue000{tag}{secrets.token_hex(8)}\ue001"
+        if not any(marker in t for t in pool):
+            return marker
 
 
 def end_of_turn_ids(tokenizer) -> set[int]:
@@ -95,30 +122,45 @@ class Conversation:
     def add_observation(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Append the messages after the last assistant turn (tool results, user turns; none for two
         assistant turns in a row) plus the next generation prompt, rendered by the chat template; returns the
-        appended ids."""
+        appended ids. Their text fields are encoded as plain text (see the module docstring)."""
         if not self.segments or self.segments[-1].kind != "action":
             raise ConfigError("expected add_observation right after add_action, got two observations in a row")
         new = [dict(m) for m in messages]
-        delta = self._delta(new)
-        ids = encode(self.tokenizer, delta)
+        ids: list[int] = []
+        for text, is_content in self._delta(new):
+            ids += encode_text(self.tokenizer, text) if is_content else encode(self.tokenizer, text)
         start = len(self.ids)
         self.ids.extend(ids)
         self.segments.append(Segment("observation", start, len(self.ids)))
         self.messages.extend(new)
         return ids
 
-    def _delta(self, new: list[dict[str, Any]]) -> str:
-        """Template text between the end of the last sampled turn and the next generation prompt's end.
+    def _delta(self, new: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+        """Template text between the end of the last sampled turn and the next generation prompt's end, as
+        pieces (text, is_content): content is what the new messages say, the rest is the template's markup.
 
-        Rendering the history with a sentinel as the last assistant content splits the template's text into
-        "before the turn's content" and "after it"; the after part starts with the turn's closing markup.
+        Rendering the history with a marker as the last assistant content splits the template's text into
+        "before the turn's content" and "after it"; the after part starts with the turn's closing markup. Each
+        text field of the new messages is rendered as a marker of its own too, then put back as content.
         """
-        history = [*self.messages[:-1], {"role": "assistant", "content": _SENTINEL}, *new]
+        texts = [str(v) for m in [*self.messages, *new] for v in m.values() if isinstance(v, str)]
+        turn = _fresh_marker(texts, "turn")
+        fields: dict[str, str] = {}
+        placeheld = []
+        for m in new:
+            held = dict(m)
+            for key, value in m.items():
+                if key != "role" and isinstance(value, str) and value:
+                    marker = _fresh_marker([*texts, *fields], f"field{len(fields)}")
+                    fields[marker] = value
+                    held[key] = marker
+            placeheld.append(held)
+        history = [*self.messages[:-1], {"role": "assistant", "content": turn}, *placeheld]
         text = render_prompt(self.tokenizer, history, self.tools)
-        if text.count(_SENTINEL) != 1:
+        if text.count(turn) != 1:
             raise ConfigError("expected the chat template to render assistant content verbatim, it did not; "
                               "fix: use a template that keeps the last assistant turn's content")
-        after = text.split(_SENTINEL, 1)[1]
+        after = text.split(turn, 1)[1]
         last = self.segments[-1]
         sampled = self.ids[last.start:last.end]
         # Drop the closing markup the model already sampled (its end-of-turn token), keep the rest.
@@ -127,7 +169,18 @@ class Conversation:
             closing = self.tokenizer.convert_ids_to_tokens(sampled[-1])
             if after.startswith(closing):
                 after = after[len(closing):]
-        return after
+        pieces: list[tuple[str, bool]] = []
+        while after:
+            hits = [(after.find(marker), marker) for marker in fields if marker in after]
+            if not hits:
+                pieces.append((after, False))
+                break
+            at, marker = min(hits)
+            if at:
+                pieces.append((after[:at], False))
+            pieces.append((fields[marker], True))
+            after = after[at + len(marker):]
+        return _merge_plain(pieces, self.tokenizer)
 
     def action_mask(self) -> list[bool]:
         """True on sampled (trainable) ids, False on prompt and observation ids."""
@@ -144,6 +197,23 @@ class Conversation:
             if seg.kind == "action" and seg.logprobs is not None:
                 out[seg.start:seg.end] = seg.logprobs
         return out
+
+
+def _merge_plain(pieces: list[tuple[str, bool]], tokenizer) -> list[tuple[str, bool]]:
+    """One text when no special token's text touches content (the ids are then exactly the template rendering's,
+    BPE merges across the seams included); the pieces, each encoded on its own, when one does."""
+    joined, spans = "", []
+    for text, content in pieces:
+        if content:
+            spans.append((len(joined), len(joined) + len(text)))
+        joined += text
+    for special in special_token_strings(tokenizer):
+        at = joined.find(special)
+        while at != -1:
+            if any(at < end and start < at + len(special) for start, end in spans):
+                return [p for p in pieces if p[0]]
+            at = joined.find(special, at + 1)
+    return [(joined, False)] if joined else []
 
 
 def tokenize_episode(tokenizer, messages: Sequence[Mapping[str, Any]],

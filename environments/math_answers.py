@@ -4,29 +4,24 @@ Order of checks (the first that says "equal" wins): normalised strings, exact ra
 (LaTeX parser, sets, intervals, tuples, matrices), then sympy on plain expressions. Binary reward; the parsed
 forms are returned for ``info``. Answers are untrusted text: nothing here raises on them.
 
-Time bound: math-verify's own timeouts use SIGALRM, which only works in the main thread. In the main thread we
-let it use them; elsewhere we turn them off and run the check in a helper thread with a deadline (a check that
-overruns is reported as a failure; its thread finishes in the background). Inputs over ``MAX_CHARS`` skip
-the symbolic checks, which bounds the worst case in the first place.
+Time and memory bound: the string and rational checks run here (linear in the answer's length); math-verify and
+sympy run in a bounded call (``trace_gym.bounded``): a child process killed ``TIMEOUT_S`` seconds after it starts,
+with its memory capped. Answers such as ``\\boxed{9^{9^{9^{9}}}}`` or ``factorial(10**9)`` then get a verdict of 0
+with ``info["method"] == "timeout"`` and a note, instead of hanging the step. Inputs over ``MAX_CHARS`` skip the
+symbolic checks altogether.
 """
 
 from __future__ import annotations
 
-import logging
 import re
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from fractions import Fraction
 from typing import Any
 
-# Verification runs off the main thread with its own deadline, so math-verify's signal timeouts are off on
-# purpose; its warning that they are off would only print on every run.
-logging.getLogger("math_verify").setLevel(logging.ERROR)
+from trace_gym.bounded import Bound, bounded_call
 
 MAX_CHARS = 400
 TIMEOUT_S = 5
+MEMORY_BYTES = 2 << 30  # what the symbolic check may add to the call server's address space
 
 _UNIT_WORDS = (r"(?:dollars?|cents?|units?|degrees?|cm|mm|km|m|meters?|inches|inch|feet|foot|ft|miles?|hours?|"
                r"minutes?|seconds?|days?|weeks?|years?|pounds?|ounces?|kg|g|grams?|liters?|mph|sq|square)")
@@ -108,16 +103,16 @@ def _rational(s: str) -> Fraction | None:
     return None
 
 
-def _math_verify(gold: str, pred: str, timeouts: bool) -> tuple[bool, str, str]:
+def _math_verify(gold: str, pred: str) -> tuple[bool, str, str]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     configs = [LatexExtractionConfig(), ExprExtractionConfig()]
-    t = TIMEOUT_S if timeouts else None
-    g = parse(f"${gold}$", extraction_config=configs, parsing_timeout=t)  # type: ignore[arg-type]
-    p = parse(f"${pred}$", extraction_config=configs, parsing_timeout=t)  # type: ignore[arg-type]
+    # The bounded call runs this in a child's main thread, where math-verify's own SIGALRM timeouts work.
+    g = parse(f"${gold}$", extraction_config=configs, parsing_timeout=TIMEOUT_S)  # type: ignore[arg-type]
+    p = parse(f"${pred}$", extraction_config=configs, parsing_timeout=TIMEOUT_S)  # type: ignore[arg-type]
     if not g or not p:
         return False, str(g[0]) if g else "", str(p[0]) if p else ""
-    ok = bool(verify(g, p, timeout_seconds=t))  # type: ignore[arg-type]
+    ok = bool(verify(g, p, timeout_seconds=TIMEOUT_S))  # type: ignore[arg-type]
     return ok, str(g[0]), str(p[0])
 
 
@@ -141,24 +136,28 @@ def _sympy_equal(gold: str, pred: str) -> bool:
     return bool(sympy.simplify(a - b) == 0)
 
 
-def _on_main() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-def _bounded(fn: Callable[[], Any], default: Any) -> Any:
-    """Run ``fn`` with the time bound described in the module docstring; ``default`` on error or overrun."""
-    if threading.current_thread() is threading.main_thread():
+def symbolic_check(golds: list[tuple[str, str]], pred: str, p: str) -> tuple[str | None, str, str]:
+    """math-verify, then sympy, against each (raw, normalised) gold: (method or None, parsed gold, parsed pred).
+    Runs inside a bounded call; an exception in one check counts as "not equal"."""
+    parsed_gold, parsed_pred = "", ""
+    for g_raw, g in golds:
         try:
-            return fn()
+            ok, parsed_gold, parsed_pred = _math_verify(g_raw, pred)
         except Exception:
-            return default
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        return pool.submit(fn).result(timeout=TIMEOUT_S)
-    except (FutureTimeout, Exception):
-        return default
-    finally:
-        pool.shutdown(wait=False)
+            ok = False
+        if ok:
+            return "math_verify", parsed_gold, parsed_pred
+        try:
+            if _sympy_equal(g, p):
+                return "sympy", parsed_gold, parsed_pred
+        except Exception:
+            pass
+    return None, parsed_gold, parsed_pred
+
+
+def warm_up() -> None:
+    """Load math-verify's and sympy's parsers once (in the call server), so each check starts warm."""
+    symbolic_check([("\\frac{1}{2}", "\\frac{1}{2}")], "x^2", "x^2")
 
 
 def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
@@ -172,6 +171,7 @@ def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
     pred = (inner if inner is not None else pred).strip()
     p = normalize(pred)
     info["parsed_answer"] = p
+    symbolic: list[tuple[str, str]] = []
     for g_raw in golds:
         g = normalize(g_raw)
         if p == g:
@@ -183,16 +183,19 @@ def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
                 info["method"] = "numeric"
                 return 1.0, info
             continue  # two plain numbers that differ: no symbolic check can make them equal
-        if len(p) > MAX_CHARS or len(g) > MAX_CHARS:
-            continue
-        ok, parsed_gold, parsed_pred = _bounded(lambda g_raw=g_raw: _math_verify(g_raw, pred, _on_main()),
-                                                (False, "", ""))
+        if len(p) <= MAX_CHARS and len(g) <= MAX_CHARS:
+            symbolic.append((g_raw, g))
+    if symbolic:
+        outcome = bounded_call(symbolic_check, symbolic, pred, p, bound=Bound(TIMEOUT_S, MEMORY_BYTES),
+                               warm=(f"{__name__}:warm_up",))
+        if not outcome.ok:
+            info.update(method="timeout" if outcome.timed_out else "error",
+                        note=f"the symbolic check stopped ({outcome.error}); the answer counts as wrong")
+            return 0.0, info
+        method, parsed_gold, parsed_pred = outcome.value
         info.update(parsed_gold=parsed_gold, parsed_answer=parsed_pred or p)
-        if ok:
-            info["method"] = "math_verify"
-            return 1.0, info
-        if _bounded(lambda g=g: _sympy_equal(g, p), False):
-            info["method"] = "sympy"
+        if method is not None:
+            info["method"] = method
             return 1.0, info
     info["method"] = "mismatch"
     return 0.0, info

@@ -177,7 +177,8 @@ class MathEnv(ToolEnv):
     def __init__(self, dataset: str = "math500", data_path: Source | None = None, from_hub: bool = False,
                  fields: Fields | None = None, tasks: Sequence[Task] | None = None,
                  action_format: Literal["tags", "hermes"] = "hermes", max_turns: int = 8,
-                 limits: SandboxLimits | None = None, sandbox_user: str | None = "nobody", **kwargs: Any):
+                 limits: SandboxLimits | None = None, sandbox_user: str | None = "nobody",
+                 sandbox_isolation: str = "jail", **kwargs: Any):
         super().__init__(tasks=tasks, max_turns=max_turns, parser=make_parser(action_format), **kwargs)
         if dataset not in DATASETS:
             raise ConfigError(f"expected dataset in {sorted(DATASETS)}, got {dataset!r}")
@@ -185,7 +186,7 @@ class MathEnv(ToolEnv):
         self.dataset, self.data_path, self.from_hub = dataset, data_path, from_hub
         self.fields = dict(fields or {})
         self.action_format = action_format
-        self.sandbox = PythonSandbox(limits, user=sandbox_user)
+        self.sandbox = PythonSandbox(limits, user=sandbox_user, isolation=sandbox_isolation)
 
     def load_tasks(self) -> Sequence[Task]:
         return load_math_tasks(self.dataset, self.data_path, self.from_hub, self.fields or None)

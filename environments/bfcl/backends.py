@@ -2,11 +2,20 @@
 
 The env owns its instances (bfcl_eval's execute_multi_turn_func_call caches them in module globals and
 evals the call strings: never used here). A call runs by attribute lookup of a declared tool name on the
-instance that owns it, after jsonschema validation of its arguments."""
+instance that owns it, after jsonschema validation of its arguments.
+
+A model's call runs in a bounded call (``trace_gym.bounded``): on a pickled copy of the instance, in a child
+process killed after ``CALL_BOUND.timeout_s`` seconds, with its memory capped; the instance's new state comes
+back and replaces the old one (same object, so snapshots and owners stay valid). So ``power(base=10,
+exponent=10000000)`` or ``square_root(number=2, precision=1000000)`` return a timeout error instead of
+holding the trainer for seconds, and ``mpmath.mp``/``decimal`` precision changes die with the child. Ground-truth
+calls (from the dataset, trusted) run in this process, with that process-wide state restored after each."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import decimal
 import importlib
 import inspect
 import json
@@ -17,6 +26,7 @@ from typing import Any
 
 import jsonschema
 
+from trace_gym.bounded import Bound, bounded_call
 from trace_gym.environments.bfcl.calls import Call
 from trace_gym.environments.bfcl.data import FUNC_DOC_FILES
 from trace_gym.environments.bfcl.schema import parameters_schema
@@ -38,6 +48,7 @@ _CLASS_MODULES = {
 }
 assert set(_CLASS_MODULES) == set(FUNC_DOC_FILES)
 STATELESS_CLASSES = frozenset({"MathAPI"})  # executable_backend_config.STATELESS_CLASSES
+CALL_BOUND = Bound(timeout_s=5.0, memory_bytes=1 << 30, max_result_bytes=16 << 20)
 
 
 def backend_class(name: str) -> type:
@@ -141,15 +152,46 @@ def format_result(result: Any) -> str:
     return str(result)
 
 
+@contextlib.contextmanager
+def process_state_kept():
+    """Restore the process-wide state BFCL's backends change (mpmath precision, the decimal context)."""
+    mp = None
+    with contextlib.suppress(ImportError):
+        import mpmath
+
+        mp = mpmath.mp
+    saved_mp = (mp.prec, mp.pretty) if mp is not None else None
+    saved_decimal = decimal.getcontext().copy()
+    try:
+        yield
+    finally:
+        if mp is not None and saved_mp is not None:
+            mp.prec, mp.pretty = saved_mp
+        decimal.setcontext(saved_decimal)
+
+
+def run_method(instance: Any, name: str, arguments: Mapping[str, Any], stateless: bool) -> tuple[str, bool, Any]:
+    """One call on ``instance``: (result text, ok, the instance's state after it; None if stateless). Runs in the
+    bounded call's child for model calls."""
+    try:
+        text, ok = format_result(getattr(instance, name)(**arguments)), True
+    except Exception as e:  # a backend raising on odd input is a model mistake, reported as BFCL does
+        text, ok = f"Error during execution: {e}", False
+    return text, ok, None if stateless else instance.__dict__
+
+
 def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mapping[str, Mapping[str, Any]],
-            validators: Validators, call: Call) -> tuple[str, bool]:
+            validators: Validators, call: Call, bounded: bool = True) -> tuple[str, bool]:
     """Run one decoded call on the owned instances: (result text, ok). Never raises on model input.
 
-    `docs` are the functions visible to the model now; a call to anything else is refused."""
+    `docs` are the functions visible to the model now; a call to anything else is refused. `bounded=False` runs
+    it here (trusted ground-truth calls only)."""
     doc = docs.get(call.name)
     if doc is None or call.name not in owners:
         return f"Error: no function named {call.name!r} is available.", False
-    method = getattr(instances[owners[call.name]], call.name)
+    owner = owners[call.name]
+    instance = instances[owner]
+    method = getattr(instance, call.name)
     arguments = call.arguments
     if call.positional:
         try:
@@ -159,7 +201,17 @@ def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mappi
     problem = validators.validate(doc, arguments)
     if problem is not None:
         return f"Error: invalid arguments for {call.name}: {problem}", False
-    try:
-        return format_result(method(**arguments)), True
-    except Exception as e:  # a backend raising on odd input is a model mistake, reported as BFCL does
-        return f"Error during execution: {e}", False
+    stateless = owner in STATELESS_CLASSES
+    if not bounded:
+        with process_state_kept():
+            text, ok, _ = run_method(instance, call.name, arguments, True)
+        return text, ok
+    outcome = bounded_call(run_method, instance, call.name, dict(arguments), stateless, bound=CALL_BOUND,
+                           warm=(type(instance).__module__,))
+    if not outcome.ok:
+        return f"Error during execution: the call was stopped ({outcome.error}).", False
+    text, ok, state = outcome.value
+    if state is not None:
+        instance.__dict__.clear()
+        instance.__dict__.update(state)
+    return text, ok

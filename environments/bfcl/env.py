@@ -105,7 +105,8 @@ class _GroundTruth:
         self.states: list[dict[str, Any]] = []
         self.results: list[list[str]] = []
         for calls in task.answer:
-            results = [backends.execute(instances, owners, docs, validators, parse_ground_truth_call(c))[0]
+            results = [backends.execute(instances, owners, docs, validators, parse_ground_truth_call(c),
+                                        bounded=False)[0]
                        for c in calls]
             self.results.append(results)
             self.states.append(copy.deepcopy(instances))

@@ -1,0 +1,97 @@
+"""Messages between the host and sandbox processes: length-prefixed JSON over Unix stream sockets.
+
+Used on both sides (the sandbox imports it by its bare name). Never pickle: anything a sandbox process sends is
+untrusted. File descriptors travel with ``SCM_RIGHTS``. On a socket with ``SO_PASSCRED`` (the host's ends), the
+kernel attaches the pid of the process that wrote each frame (``SCM_CREDENTIALS``), translated into the reader's
+PID namespace: the host learns which process it talks to from the kernel, not from what the process says.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import select
+import socket
+import struct
+import time
+from typing import Any
+
+MAX_MESSAGE = 8 << 20  # bytes; a larger frame from a sandbox process is treated as garbage
+_UCRED = struct.Struct("iII")  # pid, uid, gid
+
+
+def send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(obj).encode()
+    frame = struct.pack("!I", len(data)) + data
+    if fds:
+        socket.send_fds(sock, [frame[:4]], fds)
+        sock.sendall(frame[4:])
+    else:
+        sock.sendall(frame)
+
+
+def passcred(sock: socket.socket) -> socket.socket:
+    """Ask the kernel to stamp every frame read from ``sock`` with its writer's pid."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    return sock
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None, fds: list[int] | None,
+                writer: list[int] | None) -> bytes | None:
+    buf = bytearray()
+    anc = socket.CMSG_SPACE(16 * 4) + socket.CMSG_SPACE(_UCRED.size)
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([sock], [], [], left)[0]:
+                return None
+        try:
+            chunk, ancdata, _, _ = sock.recvmsg(n - len(buf), anc)
+        except (OSError, ValueError):
+            return None
+        for level, kind, data in ancdata:
+            if level != socket.SOL_SOCKET:
+                continue
+            if kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(data[: len(data) - len(data) % got.itemsize])
+                if fds is None:  # not expected here: close rather than leak them
+                    for fd in got:
+                        _close(fd)
+                else:
+                    fds.extend(got)
+            elif kind == socket.SCM_CREDENTIALS and writer is not None and not writer and len(data) >= _UCRED.size:
+                writer.append(_UCRED.unpack(data[: _UCRED.size])[0])
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def recv(sock: socket.socket, deadline: float | None = None, fds: list[int] | None = None,
+         writer: list[int] | None = None) -> dict[str, Any] | None:
+    """One message, or None on EOF, timeout or garbage (a sandbox process may send anything).
+
+    ``fds`` collects descriptors sent with the frame; ``writer`` receives the kernel-stamped pid of the process
+    that wrote the frame's first bytes (only on a ``passcred`` socket; 0 if that process is not visible here)."""
+    head = _recv_exact(sock, 4, deadline, fds, writer)
+    if head is None:
+        return None
+    (size,) = struct.unpack("!I", head)
+    if size > MAX_MESSAGE:
+        return None
+    body = _recv_exact(sock, size, deadline, None, None)
+    if body is None:
+        return None
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
