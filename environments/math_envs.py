@@ -46,10 +46,17 @@ SYSTEM_PROMPT = ("Solve the math problem. You can run Python with the python too
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise DataError(f"expected a data file, got {str(path)!r} (not found); fix: pass data_path= a .json or "
+                        ".jsonl file of problem records")
     text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
+    try:
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"expected JSON in {str(path)!r}, got invalid JSON at line {exc.lineno}, column {exc.colno}: "
+                        f"{exc.msg}; fix: a .json array of records, or .jsonl with one record per line") from None
     if not isinstance(data, list):
         raise DataError(f"expected a JSON array of problems in {path}, got {type(data).__name__}")
     return data
