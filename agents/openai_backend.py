@@ -54,6 +54,7 @@ class OpenAIPolicy:
         self._slots = threading.BoundedSemaphore(concurrency)  # the in-flight limit, shared by every caller
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        """Sample ``sampling.n`` continuations of every request (the ``Policy`` contract), one HTTP call each."""
         keys = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(len(keys), 1))) as pool:
             return list(pool.map(lambda key: self._one(requests[key[0]], sampling, *key), keys))

@@ -368,10 +368,12 @@ class TrainConfig:
         _check(bool(self.run_dir), "expected run_dir, got ''; fix: run_dir=runs/my-run")
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as nested plain dicts (what ``config.yaml`` holds)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """Build and validate a config from nested dicts; unknown keys and wrong types raise ``ConfigError``."""
         return _build(cls, data, "")
 
 

@@ -481,6 +481,7 @@ class Trainer:
         return summary
 
     def summary(self, wall_s: float) -> dict[str, Any]:
+        """The run's summary (held-out success before and after, effective ratios, budget, tokens, ``wall_s``)."""
         ev = self.history["eval"]
         ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
         return {

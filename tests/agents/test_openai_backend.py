@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.agents.openai_server import ScriptedServer, chat, completion
+from tests.agents.openai_server import ScriptedServer, chat
 from trace_gym.agents.openai_backend import OpenAIPolicy, _retry_after
 from trace_gym.agents.policy import Request, SamplingParams
 from trace_gym.errors import ServerError, UserError
@@ -47,30 +47,29 @@ def test_retry_after_reads_seconds_and_ignores_dates():
 
 
 def test_a_refused_request_is_not_retried_and_carries_the_servers_message():
-    with ScriptedServer(lambda path, body: (404, {}, b'{"error": "model m does not exist"}')) as server:
-        with pytest.raises(ServerError, match="model m does not exist"):
-            OpenAIPolicy(server.url, "m", backoff=0.01).generate([Request(messages=MSGS)], SamplingParams())
+    refuse = ScriptedServer(lambda path, body: (404, {}, b'{"error": "model m does not exist"}'))
+    with refuse as server, pytest.raises(ServerError, match="model m does not exist"):
+        OpenAIPolicy(server.url, "m", backoff=0.01).generate([Request(messages=MSGS)], SamplingParams())
     assert len(server.requests) == 1
 
 
 def test_giving_up_after_the_retries_is_a_user_error():
-    with ScriptedServer(_failing_first(99, 502)) as server:
-        with pytest.raises(UserError, match="after 2 retries"):
-            OpenAIPolicy(server.url, "m", max_retries=2, backoff=0.01).generate([Request(messages=MSGS)],
-                                                                                SamplingParams())
+    with ScriptedServer(_failing_first(99, 502)) as server, pytest.raises(UserError, match="after 2 retries"):
+        OpenAIPolicy(server.url, "m", max_retries=2, backoff=0.01).generate([Request(messages=MSGS)],
+                                                                            SamplingParams())
     assert len(server.requests) == 3
 
 
 def test_a_response_that_is_not_json_says_to_check_the_base_url():
-    with ScriptedServer(lambda path, body: (200, {"Content-Type": "text/html"}, b"<html>hi</html>")) as server:
-        with pytest.raises(ServerError, match="/v1"):
-            OpenAIPolicy(server.url, "m").generate([Request(messages=MSGS)], SamplingParams())
+    html = ScriptedServer(lambda path, body: (200, {"Content-Type": "text/html"}, b"<html>hi</html>"))
+    with html as server, pytest.raises(ServerError, match="/v1"):
+        OpenAIPolicy(server.url, "m").generate([Request(messages=MSGS)], SamplingParams())
 
 
 def test_a_response_without_choices_is_a_server_error():
-    with ScriptedServer(lambda path, body: (200, {}, json.dumps({"object": "list"}).encode())) as server:
-        with pytest.raises(ServerError, match="choices"):
-            OpenAIPolicy(server.url, "m").generate([Request(messages=MSGS)], SamplingParams())
+    no_choices = ScriptedServer(lambda path, body: (200, {}, json.dumps({"object": "list"}).encode()))
+    with no_choices as server, pytest.raises(ServerError, match="choices"):
+        OpenAIPolicy(server.url, "m").generate([Request(messages=MSGS)], SamplingParams())
 
 
 def test_the_in_flight_limit_holds_over_threads_sharing_the_policy():

@@ -34,7 +34,7 @@ def test_expert_noise_in_the_spec_makes_it_err():
 
 @pytest.mark.parametrize("spec", ["expert:abc", "expert:1.5"])
 def test_a_bad_expert_noise_is_a_config_error(spec):
-    with pytest.raises(ConfigError, match="expert:0.3"):
+    with pytest.raises(ConfigError, match=r"expert:0\.3"):
         policy_from_spec(spec, make_env=ARITHMETIC)
 
 
@@ -53,7 +53,7 @@ def test_a_model_folder_is_a_transformers_policy(nano_dir):
 
 
 def test_a_folder_that_is_not_a_model_says_what_is_missing(tmp_path):
-    with pytest.raises(ConfigError, match="config.json"):
+    with pytest.raises(ConfigError, match=r"config\.json"):
         policy_from_spec(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="tokenizer files"):

@@ -86,7 +86,7 @@ def test_sft_on_a_folder_that_is_not_a_model_says_so(capsys, tmp_path):
 
 
 def test_debug_shows_the_traceback_instead():
-    with pytest.raises(ConfigError, match="optim.lr"):
+    with pytest.raises(ConfigError, match=r"optim\.lr"):
         main(["train", "--config", QUICKSTART, "optim.lrr=1e-4", "--debug"])
 
 

@@ -65,7 +65,7 @@ def user_module(tmp_path, monkeypatch, request):
 
 
 def _play(env: gym.Env, answer: str) -> float:
-    _, info = env.reset(options={"index": 0})
+    env.reset(options={"index": 0})
     _, reward, terminated, _, _ = env.step(f"<answer>{answer}</answer>")
     assert terminated
     return reward
