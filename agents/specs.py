@@ -176,7 +176,7 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions) -> 
     from trace_gym.agents.openai_backend import OpenAIPolicy
 
     if not base_url:
-        raise ConfigError("expected the server's base URL, got none; fix: set options.base_url (--base-url) or "
+        raise ConfigError("expected the server's base URL, got none; fix: set PolicyOptions(base_url=...) or "
                           "OPENAI_BASE_URL, e.g. http://127.0.0.1:8000/v1")
     api_key = os.environ.get(options.api_key_env) or None
     if options.api_key_env != "OPENAI_API_KEY" and api_key is None:
@@ -194,7 +194,7 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions) -> 
         served = policy.models()
         if len(served) != 1:
             raise ConfigError(f"expected a model name for {base_url} (it serves {', '.join(served) or 'none'}), "
-                              f"got none; fix: set options.model (--model NAME) or use openai:NAME")
+                              f"got none; fix: set PolicyOptions(model=NAME) or use the spec openai:NAME")
         policy.model = served[0]
     return policy
 

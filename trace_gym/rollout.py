@@ -95,11 +95,13 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 def _rollout(args: argparse.Namespace, console: Console) -> int:
     if args.episodes < 1 or args.branches < 0:
-        raise ConfigError(f"expected --episodes >= 1 and --branches >= 0, got {args.episodes}, {args.branches}")
+        raise ConfigError(f"expected --episodes >= 1 and --branches >= 0, got {args.episodes}, {args.branches}; "
+                          "fix: e.g. --episodes 20 --branches 3")
     env = TreeRolloutWrapper(make_env(args.env))
     expert_fn = getattr(env.base, "expert", None)
     if expert_fn is None:
-        raise ConfigError(f"{args.env} has no scripted expert; pass a model policy instead")
+        raise ConfigError(f"expected an env with a scripted expert (env.expert(noise, seed)), got {args.env} "
+                          "without one; fix: give the env an expert(), or roll out a model (trace_gym.agents.specs)")
     expert = expert_fn(noise=args.noise, seed=args.seed)
     rng = np.random.default_rng(args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,9 +119,11 @@ def _rollout(args: argparse.Namespace, console: Console) -> int:
             mixed += tree.is_mixed()
     env.close()
     elapsed = time.perf_counter() - start
-    table = Table("env", "trees", "trajectories", "success rate", "mixed trees", "mean turns", "seconds")
-    table.add_row(args.env, str(args.episodes), str(leaves), f"{successes / leaves:.3f}",
-                  f"{mixed}/{args.episodes}", f"{turns / leaves:.2f}", f"{elapsed:.1f}")
+    table = Table("rollout", "", box=box.SIMPLE_HEAD, show_edge=False)
+    for name, value in (("env", args.env), ("trees", str(args.episodes)), ("trajectories", str(leaves)),
+                        ("success rate", f"{successes / leaves:.3f}"), ("mixed trees", f"{mixed}/{args.episodes}"),
+                        ("mean turns", f"{turns / leaves:.2f}"), ("seconds", f"{elapsed:.1f}")):
+        table.add_row(name, value)
     console.print(table)
     console.print(f"trees written to {args.out}")
     return 0

@@ -139,7 +139,7 @@ def test_cli_plot_writes_files_and_names_what_is_missing(runs, tmp_path, capsys)
     out = capsys.readouterr().out
     assert f"wrote {tmp_path / 'overview.png'}" in out
     assert "no time plot" in out
-    assert cli_main(["plot", str(tmp_path / "nowhere")]) == 1
+    assert cli_main(["plot", str(tmp_path / "nowhere")]) == 2  # a user error: one line, exit status 2
 
 
 def test_runs_of_one_allocator_are_labelled_by_their_folders(tmp_path):
