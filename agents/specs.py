@@ -1,4 +1,4 @@
-"""Policy specs: one string names any backend, for commands and scripts that take ``--policy SPEC``.
+"""Policy specs: one string names any backend (for scripts now, and the commands' ``--policy SPEC`` to come).
 
 =====================  ===========================================================================
 spec                   policy
@@ -75,7 +75,7 @@ def policy_from_spec(spec: str, options: PolicyOptions | None = None,
     expert comes from ``make_env().unwrapped.expert`` and is re-seeded per request (``ExpertPolicy``)."""
     options = options or PolicyOptions()
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"expected a policy spec ({FORMS}), got {spec!r}; fix: e.g. --policy expert")
+        raise ConfigError(f"expected a policy spec ({FORMS}), got {spec!r}; fix: e.g. expert or models/tiny")
     kind, _, rest = spec.partition(":")
     if spec.startswith(("http://", "https://")):
         return _openai(options.model, spec, options)
@@ -92,7 +92,7 @@ def policy_from_spec(spec: str, options: PolicyOptions | None = None,
     if Path(spec).exists():
         return _hf(spec, options, hub=False)
     raise ConfigError(f"expected a policy spec ({FORMS}), got {spec!r} (no such folder either); fix: "
-                      "trace-gym model init --out models/tiny builds a model folder, or use --policy expert")
+                      "trace-gym model init --out models/tiny builds a model folder; the scripted expert is 'expert'")
 
 
 def check_model_folder(path: str | Path) -> Path:
