@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 VVENV := .venv-vllm
 VSTAMP := $(VVENV)/.installed
 
-.PHONY: venv test test-vllm quickstart bench lint clean
+.PHONY: venv test test-vllm quickstart bench lint docs clean
 
 venv: $(STAMP)
 
@@ -59,5 +59,10 @@ bench: venv
 	$(PY) benchmarks/allocation.py --quick
 	$(PY) benchmarks/learning.py --quick      # first run: + ~4 min to warm-start the tiny model (cached)
 
+# The API reference from the docstrings (mkdocs + mkdocstrings), into site/; --strict fails on any broken
+# reference or missing object.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

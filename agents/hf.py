@@ -64,12 +64,15 @@ class HFPolicy:
         self.model.load_state_dict(state_dict, strict=False)
 
     def prompt_ids(self, request: Request) -> list[int]:
+        """The ids of ``request``'s prompt: its ``prompt_ids``, else its messages through the chat template."""
         if request.prompt_ids is not None:
             return [int(t) for t in request.prompt_ids]
         return encode(self.tokenizer, render_prompt(self.tokenizer, request.messages or [], request.tools))
 
     @torch.no_grad()
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        """Sample ``sampling.n`` continuations of every request (the ``Policy`` contract), in batches of
+        ``max_batch_size`` rows."""
         prompts = [self.prompt_ids(r) for r in requests]
         rows = [(i, j) for i in range(len(prompts)) for j in range(sampling.n)]
         self.stats = GenerationStats()

@@ -4,14 +4,18 @@ Token-id prompts (and message prompts when a local tokenizer is given) go to `/v
 as the prompt; message prompts otherwise go to `/v1/chat/completions` with the tool schemas. With
 `server="vllm"` the request asks for `return_tokens_as_token_ids`, so generations carry exact token ids, and
 passes vLLM's extra sampling fields (top_k, min_tokens, include_stop_str_in_output). Each (request, sample)
-pair is one HTTP call with its own seed, run `concurrency` at a time; transient failures (connection errors,
-timeouts, 408/429/5xx) are retried with exponential backoff and jitter.
+pair is one HTTP call with its own seed; at most `concurrency` calls are in flight at once, over all threads
+that share the policy (a trainer's env workers, several evaluations). Transient failures (connection errors,
+timeouts, 408/429/5xx) are retried with exponential backoff and jitter, waiting at least as long as a
+`Retry-After` header asks (capped at `max_wait`); other failures and malformed responses raise `ServerError`
+at once, with the server's message.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,13 +25,11 @@ from typing import Any, Literal
 
 from trace_gym.agents.chat import encode, render_prompt
 from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
-from trace_gym.errors import ConfigError, TraceGymError
+from trace_gym.errors import ConfigError, ServerError
+
+__all__ = ["RETRY_STATUS", "OpenAIPolicy", "ServerError"]
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
-
-
-class ServerError(TraceGymError):
-    """The server kept failing (or refused the request) after all retries."""
 
 
 class OpenAIPolicy:
@@ -35,7 +37,7 @@ class OpenAIPolicy:
 
     def __init__(self, base_url: str, model: str, tokenizer=None, api_key: str | None = None,
                  server: Literal["vllm", "openai"] = "vllm", timeout: float = 120.0, max_retries: int = 5,
-                 backoff: float = 0.5, concurrency: int = 16):
+                 backoff: float = 0.5, concurrency: int = 16, max_wait: float = 60.0):
         if concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise ConfigError(f"expected concurrency >= 1, max_retries >= 0, timeout > 0, got {concurrency}, "
                               f"{max_retries}, {timeout}")
@@ -48,8 +50,11 @@ class OpenAIPolicy:
         self.max_retries = max_retries
         self.backoff = backoff
         self.concurrency = concurrency
+        self.max_wait = max_wait
+        self._slots = threading.BoundedSemaphore(concurrency)  # the in-flight limit, shared by every caller
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        """Sample ``sampling.n`` continuations of every request (the ``Policy`` contract), one HTTP call each."""
         keys = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(len(keys), 1))) as pool:
             return list(pool.map(lambda key: self._one(requests[key[0]], sampling, *key), keys))
@@ -71,7 +76,7 @@ class OpenAIPolicy:
             prompt_ids = encode(self.tokenizer, render_prompt(self.tokenizer, req.messages or [], req.tools))
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, logprobs=1)
-            choice = self._post("/completions", body)["choices"][0]
+            choice = _first_choice(self._post("/completions", body), "/completions")
             lp = choice.get("logprobs") or {}
             tokens, logps = lp.get("tokens") or [], lp.get("token_logprobs") or []
             text = choice.get("text") or ""
@@ -79,7 +84,7 @@ class OpenAIPolicy:
             body.update(messages=[dict(m) for m in req.messages or []], logprobs=True, top_logprobs=0)
             if req.tools:
                 body["tools"] = [dict(t) for t in req.tools]
-            choice = self._post("/chat/completions", body)["choices"][0]
+            choice = _first_choice(self._post("/chat/completions", body), "/chat/completions")
             content = (choice.get("logprobs") or {}).get("content") or []
             tokens, logps = [c["token"] for c in content], [c["logprob"] for c in content]
             text = (choice.get("message") or {}).get("content") or ""
@@ -90,27 +95,63 @@ class OpenAIPolicy:
             prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0, prompt_ids=prompt_ids or [],
             request_index=i, sample_index=j)
 
+    def models(self) -> list[str]:
+        """The model names the server lists at ``GET /models``."""
+        data = self._request("/models", None)
+        return [str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        data = json.dumps(body).encode()
+        return self._request(path, json.dumps(body).encode())
+
+    def _request(self, path: str, data: bytes | None) -> dict[str, Any]:
+        """POST ``data`` (GET when None) to ``path`` with retries; the parsed JSON object of the response."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        last = ""
+        url, last, wait = self.base_url + path, "", 0.0
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
+                time.sleep(max(wait, self.backoff * 2 ** (attempt - 1) * (0.5 + random.random())))
+            wait = 0.0
             try:
-                req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read())
+                req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+                with self._slots, urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    raw = resp.read()
             except urllib.error.HTTPError as exc:
                 last = f"HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"
                 if exc.code not in RETRY_STATUS:
                     break
+                wait = min(_retry_after(exc.headers.get("Retry-After")), self.max_wait)
+                continue
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-        raise ServerError(f"expected a response from {self.base_url + path}, got {last}; fix: check that the "
-                          "server is up and serves this model")
+                last = f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
+                continue
+            try:
+                out = json.loads(raw)
+            except json.JSONDecodeError:
+                out = None
+            if not isinstance(out, dict):
+                raise ServerError(f"expected a JSON object from {url}, got {raw[:200]!r}; fix: check that the base "
+                                  "URL points at an OpenAI-compatible API (it usually ends in /v1)")
+            return out
+        raise ServerError(f"expected a response from {url}, got {last} (after {self.max_retries} retries); fix: "
+                          "check that the server is up and serves this model")
+
+
+def _first_choice(response: dict[str, Any], path: str) -> dict[str, Any]:
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ServerError(f"expected 'choices' in the response of {path}, got keys {sorted(response)}; fix: check "
+                          "that the server is OpenAI-compatible")
+    return choices[0]
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds a ``Retry-After`` header asks for (its delta-seconds form; 0 when absent or a date)."""
+    try:
+        return max(float(value), 0.0) if value else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _token_id(token: str) -> int | None:

@@ -62,6 +62,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Whether sampling is greedy (temperature 0)."""
         return self.temperature == 0
 
     @property
@@ -82,9 +83,9 @@ class Request:
     tools: Sequence[Mapping[str, Any]] | None = None
     prompt_ids: Sequence[int] | None = None
     task: Any = None
+    """The env's `Task`, for policies that read it (scripted experts); model backends ignore it."""
     seed: int | None = None
     """Overrides `SamplingParams.seed` for this request (its samples then do not depend on its index)."""
-    """The env's `Task`, for policies that read it (scripted experts); model backends ignore it."""
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt_ids is None):
@@ -128,7 +129,8 @@ class Policy(Protocol):
     output. With a seed, the result for a (request, sample) pair does not depend on the batch it came in.
     """
 
-    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]: ...
+    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        """``len(requests) * sampling.n`` generations, request-major (the contract above)."""
 
 
 def row_seed(request: Request, sampling: SamplingParams, request_index: int, sample_index: int) -> int | None:

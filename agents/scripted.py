@@ -28,6 +28,7 @@ class ExpertPolicy:
         self.tokenizer = tokenizer
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        """The expert's next turn for every request (``sampling.n`` each); requests carry ``messages`` and ``task``."""
         out = []
         for i, req in enumerate(requests):
             if req.messages is None or req.task is None:

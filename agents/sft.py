@@ -222,11 +222,10 @@ def sft_env(model_dir: str | Path, env_id: str, episodes: int = 2000, out_dir: s
             env_kwargs: Mapping[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
     """`trace-gym sft --model DIR --env ID --episodes N`: collect expert episodes, fine-tune, evaluate on
     held-out tasks before and after. Returns a JSON-ready summary (also written to `sft_summary.json`)."""
-    import trace_gym  # noqa: F401 - registers the trace/* ids
     from trace_gym.agents.hf import HFPolicy
+    from trace_gym.env_specs import env_factory
 
-    def make_env() -> gym.Env:
-        return gym.make(env_id, **dict(env_kwargs or {}))
+    make_env = env_factory(env_id, env_kwargs)
 
     data = collect_expert_episodes(make_env, episodes, noise=noise, holdout=eval_episodes)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=64)

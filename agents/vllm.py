@@ -70,6 +70,7 @@ class VLLMPolicy:
     def from_pretrained(cls, path: str | Path, dtype: str = "auto", max_model_len: int = 4096,
                         gpu_memory_utilization: float = 0.5, enforce_eager: bool = False, seed: int = 0,
                         **kwargs: Any) -> VLLMPolicy:
+        """Start a vLLM engine on the model folder ``path`` with prefix caching and the weight-sync extension."""
         from vllm import LLM
 
         llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enable_prefix_caching=True,
@@ -79,11 +80,14 @@ class VLLMPolicy:
         return cls(llm)
 
     def prompt_ids(self, request: Request) -> list[int]:
+        """The ids of ``request``'s prompt: its ``prompt_ids``, else its messages through the chat template."""
         if request.prompt_ids is not None:
             return [int(t) for t in request.prompt_ids]
         return encode(self.tokenizer, render_prompt(self.tokenizer, request.messages or [], request.tools))
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
+        """Sample ``sampling.n`` continuations of every request (the ``Policy`` contract), one seeded engine request
+        each."""
         from vllm import SamplingParams as VSampling
         from vllm.inputs import TokensPrompt
 
@@ -114,9 +118,9 @@ class VLLMPolicy:
         return gens
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Load new weights (HF parameter names, as `model.state_dict()` gives them) into every worker."""
         import torch
 
-        """Load new weights (HF parameter names, as `model.state_dict()` gives them) into every worker."""
         packed = []
         for name, value in state_dict.items():
             t = value.detach().to("cpu").contiguous()

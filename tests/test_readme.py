@@ -1,14 +1,61 @@
-"""The README's code runs as written, each block in a fresh interpreter."""
+"""The README's code runs as written: each Python block in a fresh interpreter, and each shell command line in
+README order in a scratch copy of the project (configs and the plugin example saved as my_envs.py).
 
+Commands that train at full size are run with test-size settings appended (SHRUNK: the same command, the
+same paths, a nano model and a few episodes); a command is left out only when it is in SKIPPED, with the
+reason. A README command in neither list runs exactly as written.
+"""
+
+from __future__ import annotations
+
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+SHELL = [re.sub(r"\s+#.*$", "", line).strip()
+         for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL) for line in block.splitlines()]
+COMMANDS = [c for c in SHELL if c]
+
+# Python blocks that need a server: tests/vllm/test_readme_served.py runs them against a real `vllm serve`.
+SERVED = [b for b in BLOCKS if "openai:" in b]
+
+# Settings that make the quickstart's training a test-sized run at the same paths (nano model, 2 steps).
+TINY = ("model.init_size=nano sft.episodes=16 sft.steps=3 sft.batch_size=4 steps=2 alloc.roots=4 "
+        "alloc.pool_size=4 alloc.group_size=4 alloc.cap=4 rollout.max_new_tokens=12 eval.tasks=2 eval.every=0 "
+        "env.kwargs.n_tasks=20 env.eval_kwargs.n_tasks=4 env.workers=1 log.progress=false")
+SHRUNK = {
+    "trace-gym sft --model models/tiny --env trace/Arithmetic-v0":
+        "--episodes 16 --steps 3 --batch-size 4 --eval-episodes 2",
+    "trace-gym train --config configs/quickstart.yaml": TINY,
+    "trace-gym train --config configs/quickstart.yaml alloc.allocator=grpo run_dir=runs/quickstart/grpo": TINY,
+}
+SKIPPED = {
+    "make quickstart": "the full quickstart (minutes); its command, trace-gym train --config configs/quickstart.yaml, "
+                       "runs here at test size",
+    "make test": "this test suite",
+    "vllm serve models/tiny --served-model-name tiny --port 8000": "needs vLLM: make test-vllm serves the model so",
+    ".venv/bin/python benchmarks/allocation.py": "a benchmark (tens of minutes)",
+    ".venv/bin/python benchmarks/learning.py": "a benchmark (tens of minutes)",
+    "make bench": "the benchmarks (minutes each)",
+}
+# What a command must leave behind or print, beyond exit status 0.
+CHECKS = {
+    "trace-gym model init --out models/tiny --size tiny": lambda p, out: (p / "models/tiny/config.json").is_file(),
+    "trace-gym train --resume runs/quickstart/rl": lambda p, out: "is complete" in out,
+    "trace-gym eval --checkpoint runs/quickstart/rl": lambda p, out: "success" in out,
+    "trace-gym view runs/quickstart/rl/trees.jsonl --out trees.html": lambda p, out: (p / "trees.html").is_file(),
+    "trace-gym plot runs/quickstart/rl": lambda p, out: (p / "runs/quickstart/rl/plots/overview.png").is_file(),
+    "trace-gym plot runs/quickstart/rl runs/quickstart/grpo --out plots":
+        lambda p, out: (p / "plots/overview.png").is_file(),
+}
 
 
 def run_fresh(code: str) -> subprocess.CompletedProcess[str]:
@@ -17,6 +64,8 @@ def run_fresh(code: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_python_block_runs(block):
+    if block in SERVED:
+        pytest.skip("needs a model server: tests/vllm runs it against a real vllm serve (make test-vllm)")
     result = run_fresh(block)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -30,3 +79,41 @@ def test_plugin_example_passes_the_conformance_checker():
     plugin = next(b for b in BLOCKS if "class CapitalsEnv" in b)
     result = run_fresh(plugin + "\nfrom trace_gym.checker import check_trace_env\ncheck_trace_env('my/Capitals-v0')\n")
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_skip_and_shrink_lists_name_only_readme_commands():
+    assert set(SKIPPED) <= set(COMMANDS) and set(SHRUNK) <= set(COMMANDS) and set(CHECKS) <= set(COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def shell_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every README command line, in README order, in one scratch project (the quickstart's training first:
+    the commands before it in the README read its run folder)."""
+    project = tmp_path_factory.mktemp("project")
+    shutil.copytree(ROOT / "configs", project / "configs")
+    (project / "my_envs.py").write_text(next(b for b in BLOCKS if "class CapitalsEnv" in b))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "COLUMNS": "100"}
+    first = "trace-gym train --config configs/quickstart.yaml"
+    results = {}
+    for command in sorted(dict.fromkeys(COMMANDS), key=lambda c: c != first):
+        if command in SKIPPED:
+            continue
+        line = f"{command} {SHRUNK[command]}" if command in SHRUNK else command
+        results[command] = subprocess.run(["bash", "-c", line], cwd=project, env=env, capture_output=True,
+                                          text=True, timeout=900)
+        results[command].project = project  # type: ignore[attr-defined]
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [c for c in dict.fromkeys(COMMANDS)])
+def test_readme_shell_command_runs(shell_runs, command):
+    if command in SKIPPED:
+        pytest.skip(SKIPPED[command])
+    result = shell_runs[command]
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "Traceback" not in output
+    check = CHECKS.get(command)
+    assert check is None or check(result.project, output), output[-3000:]  # type: ignore[attr-defined]

@@ -99,6 +99,7 @@ class TextEnv(gym.Env[str, str]):
     # ----------------------------------------------------------------- dataset
     @cached_property
     def tasks(self) -> Sequence[Task]:
+        """The dataset: the constructor's ``tasks=``, else ``load_tasks()`` (called once, on first use)."""
         tasks = self._given_tasks if self._given_tasks is not None else list(self.load_tasks())
         if not tasks:
             raise ConfigError(f"{type(self).__name__} has an empty dataset; pass tasks= or check the data path")
@@ -109,9 +110,11 @@ class TextEnv(gym.Env[str, str]):
         return {t.id: t for t in self.tasks}
 
     def load_tasks(self) -> Sequence[Task]:
+        """The env's tasks; subclasses with a dataset override it (``tasks`` calls it once, lazily)."""
         raise ConfigError(f"{type(self).__name__} has no dataset: pass tasks= or override load_tasks()")
 
     def task_by_id(self, task_id: str) -> Task:
+        """The task whose ``id`` is ``task_id``; ``ConfigError`` when the dataset has none."""
         try:
             return self._task_index[task_id]
         except KeyError:
@@ -124,6 +127,7 @@ class TextEnv(gym.Env[str, str]):
         return task.prompt
 
     def turn(self, action: str) -> Turn:
+        """Play one assistant turn, ``action``, and report its outcome as a ``Turn``; subclasses implement it."""
         raise NotImplementedError(f"{type(self).__name__} must implement turn(action)")
 
     def example_actions(self) -> list[str]:
@@ -131,6 +135,7 @@ class TextEnv(gym.Env[str, str]):
         return []
 
     def reset_info(self) -> dict[str, Any]:
+        """Extra keys of the ``info`` that ``reset`` returns (``ToolEnv``: the tool schemas)."""
         return {}
 
     @property
@@ -140,12 +145,18 @@ class TextEnv(gym.Env[str, str]):
 
     # ----------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode on the task that ``options`` names (``{"task": Task}``, ``{"task_id": id}`` or ``{"index":
+        i}``), else on a random one drawn with ``seed``. Returns the first observation and ``info`` (``task_id``,
+        ``turn``, ``messages``, and ``reset_info()``)."""
         super().reset(seed=seed)
         task = self._choose_task(options or {})
         self._rng_after_reset = copy.deepcopy(self.np_random.bit_generator.state)
         return self._start(task)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play the assistant turn ``action``: ``(observation, reward, terminated, truncated, info)``. A malformed
+        action gives an error observation (``info["error"]``), never an exception; the reward comes with the last
+        turn, and ``max_turns`` truncates."""
         if self.task is None:
             raise TraceGymError("expected reset() before step(); call env.reset()")
         if self._done:
@@ -177,6 +188,7 @@ class TextEnv(gym.Env[str, str]):
         return result.observation, reward, result.terminated, truncated, info
 
     def render(self) -> str | None:
+        """The conversation so far as text when ``render_mode="ansi"``, else None."""
         if self.render_mode != "ansi":
             return None
         return "\n".join(f"[{m['role']}] {m['content']}" for m in self.messages)
@@ -199,16 +211,21 @@ class TextEnv(gym.Env[str, str]):
         return snapshot.restore_into(self)
 
     def native_snapshot(self) -> Snapshot:
+        """A ``NativeSnapshot`` (deep copies of ``base_state()`` and ``state_dict()``); override it for state that
+        cannot be deep-copied (processes, handles)."""
         return NativeSnapshot(self)
 
     def state_dict(self) -> dict[str, Any]:
+        """The per-episode attributes that ``episode_fields`` names, for native snapshots."""
         return {name: getattr(self, name) for name in self.episode_fields}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Set a ``state_dict()`` back on the env."""
         for name, value in state.items():
             setattr(self, name, value)
 
     def base_state(self) -> dict[str, Any]:
+        """The base class's episode state (task, turn count, messages, actions, done, RNG), for native snapshots."""
         return {
             "task": self.task, "turn_count": self.turn_count, "messages": self.messages,
             "actions": self._actions, "done": self._done, "last": self._last,
@@ -216,6 +233,7 @@ class TextEnv(gym.Env[str, str]):
         }
 
     def load_base_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a ``base_state()``."""
         self.task, self.turn_count, self.messages = state["task"], state["turn_count"], state["messages"]
         self._actions, self._done, self._last = state["actions"], state["done"], state["last"]
         self.np_random.bit_generator.state = state["rng"]
@@ -295,13 +313,17 @@ class ToolEnv(TextEnv):
         self.parser: ActionParser = parser or HermesParser()
 
     def tools(self) -> Sequence[Tool]:
+        """The tools the model may call (e.g. ``[Tool.from_function(self.lookup)]``); none by default."""
         return []
 
     def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
+        """Score the final ``answer`` to ``task``: ``(reward, details)``; ``details`` join the last step's ``info``.
+        Subclasses implement it."""
         raise NotImplementedError(f"{type(self).__name__} must implement verify(task, answer)")
 
     @cached_property
     def tool_map(self) -> dict[str, Tool]:
+        """``tools()`` by name (computed once per env)."""
         return {t.name: t for t in self.tools()}
 
     def system_message(self) -> str:
@@ -312,13 +334,17 @@ class ToolEnv(TextEnv):
         return self.system_prompt + "\n\n" + self.parser.instructions(list(self.tool_map.values()))
 
     def begin(self, task: Task) -> str:
+        """Start ``task`` with the system message (``system_message()``) and the task prompt."""
         self.messages = [{"role": "system", "content": self.system_message()}, {"role": "user", "content": task.prompt}]
         return task.prompt
 
     def reset_info(self) -> dict[str, Any]:
+        """``{"tools": [...]}``: the JSON schemas of the tools, for chat templates that render them."""
         return {"tools": [t.schema() for t in self.tool_map.values()]}
 
     def turn(self, action: str) -> Turn:
+        """Parse ``action`` with the env's parser: an answer is scored by ``verify`` and ends the episode; tool calls
+        run, one tool message each; a malformed action gets an error observation."""
         parsed = self.parser.parse(action, self.tool_map)
         if parsed.error is not None:
             return Turn(f"Error: {parsed.error}", info={"error": parsed.error})

@@ -1,19 +1,47 @@
-"""Programmer errors. Model mistakes never raise: they become error observations with ``info["error"]``."""
+"""The project's exceptions. Model mistakes never raise: they become error observations with ``info["error"]``.
+
+``UserError`` and its subclasses are mistakes a user can fix (a setting, a file, a server): the ``trace-gym``
+command prints them as one line, ``error: ...; fix: ...``, and exits with status 2. Everything else is a bug and
+keeps its traceback.
+"""
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 
 class TraceGymError(Exception):
     """Base class; messages say what was expected, what was given, and how to fix it."""
 
 
-class ConfigError(TraceGymError, ValueError):
+class UserError(TraceGymError):
+    """A mistake the user can fix without touching the code; the CLI reports it in one line."""
+
+
+class ConfigError(UserError, ValueError):
     """A setting or argument that cannot work."""
+
+
+class DataError(UserError):
+    """A dataset file that is missing or does not have the expected layout."""
+
+
+class ServerError(UserError):
+    """A model server that kept failing (or refused the request) after all retries."""
 
 
 class SnapshotError(TraceGymError):
     """A snapshot that cannot be taken or restored into this environment."""
 
 
-class DataError(TraceGymError):
-    """A dataset file that is missing or does not have the expected layout."""
+def nearest(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The choice closest to ``name`` (difflib's ratio, at least ``cutoff``), or None."""
+    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def did_you_mean(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """``"did you mean 'x'? "`` for the nearest choice, or ``""`` when none is close: a prefix for a fix."""
+    found = nearest(name, choices, cutoff)
+    return f"did you mean {found!r}? " if found is not None else ""

@@ -49,6 +49,7 @@ class ReplaySnapshot:
     kind: str = field(default="replay", init=False)
 
     def restore_into(self, env: TextEnv) -> tuple[str, dict[str, Any]]:
+        """Replay the actions from the start of the task in ``env`` (same env class); its observation and info."""
         _check_owner(self.owner, env)
         return env.replay(self.task, copy.deepcopy(self.rng_state), self.actions)
 
@@ -66,6 +67,7 @@ class NativeSnapshot:
         self._state = copy.deepcopy((env.base_state(), env.state_dict()))
 
     def restore_into(self, env: TextEnv) -> tuple[str, dict[str, Any]]:
+        """Load the copied state into ``env`` (same env class); its observation and info. The snapshot is reusable."""
         _check_owner(self.owner, env)
         base, extra = copy.deepcopy(self._state)
         env.load_base_state(base)

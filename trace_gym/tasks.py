@@ -17,8 +17,10 @@ class Task:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The task as a JSON-ready dict."""
         return {"id": self.id, "prompt": self.prompt, "answer": self.answer, "meta": dict(self.meta)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Task:
+        """The task that ``to_dict()`` gave ``d``."""
         return cls(id=str(d["id"]), prompt=str(d["prompt"]), answer=d.get("answer"), meta=d.get("meta", {}))

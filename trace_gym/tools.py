@@ -52,6 +52,7 @@ class Tool:
 
     @cached_property
     def validator(self) -> jsonschema.Draft202012Validator:
+        """The JSON-schema validator of the tool's parameters (built once)."""
         return jsonschema.Draft202012Validator(self.parameters)
 
     @classmethod

@@ -47,6 +47,7 @@ class Node:
 
     @property
     def is_terminal(self) -> bool:
+        """Whether the episode ended here (terminated or truncated): no children."""
         return self.terminated or self.truncated
 
 
@@ -71,6 +72,7 @@ class RolloutTree:
 
     @property
     def root(self) -> Node:
+        """The root node: the task prompt, no action."""
         return self.nodes[0]
 
     def add(self, parent: int, action: str, observation: str, reward: float = 0.0, terminated: bool = False,
@@ -99,9 +101,11 @@ class RolloutTree:
         return out[::-1]
 
     def depth(self) -> int:
+        """The largest node depth (turns on the longest path)."""
         return max(n.depth for n in self.nodes)
 
     def leaf_count(self, node_id: int = 0) -> int:
+        """The number of terminal nodes under ``node_id`` (inclusive)."""
         return len(self.leaves(node_id))
 
     def value(self, node_id: int = 0) -> float | None:
@@ -131,10 +135,12 @@ class RolloutTree:
 
     # ----------------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:
+        """The tree as a JSON-ready dict (what ``trees.jsonl`` and the viewer hold)."""
         return {"task_id": self.task_id, "nodes": [asdict(n) for n in self.nodes]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutTree:
+        """The tree that ``to_dict()`` gave ``data``."""
         nodes = [Node(**n) for n in data["nodes"]]
         if not nodes or nodes[0].parent is not None:
             raise TraceGymError("expected a tree dict whose first node is the root (parent None)")
@@ -143,8 +149,10 @@ class RolloutTree:
         return tree
 
     def to_json(self) -> str:
+        """``to_dict()`` as one line of JSON."""
         return json.dumps(self.to_dict(), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> RolloutTree:
+        """The tree that ``to_json()`` gave ``text``."""
         return cls.from_dict(json.loads(text))

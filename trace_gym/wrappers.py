@@ -32,6 +32,7 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
 
     @property
     def base(self) -> TextEnv:
+        """The wrapped ``TextEnv`` itself (``env.unwrapped``)."""
         env = self.env.unwrapped
         assert isinstance(env, TextEnv)
         return env
@@ -42,6 +43,8 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         return self._snapshots
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Release the old tree's snapshots, reset the env and start a new tree whose root is the task prompt
+        (``info["node_id"] == 0``)."""
         self._release()
         obs, info = self.env.reset(seed=seed, options=options)
         # The root keeps the opening messages and tool schemas so that a saved tree can be re-rendered.
@@ -52,6 +55,8 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         return obs, {**info, "node_id": 0}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Step the env and add the turn as a child of the current node (snapshotted unless it ends the episode);
+        ``info["node_id"]`` is the new node."""
         if self.tree is None:
             raise TraceGymError("expected reset() before step()")
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -73,6 +78,7 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         return obs, {**info, "node_id": node_id}
 
     def close(self) -> None:
+        """Release every snapshot, then close the env."""
         self._release()
         super().close()
 

@@ -3,7 +3,11 @@
     trace-gym train --config configs/quickstart.yaml [key=value ...] [--resume RUN_DIR]
     torchrun --standalone --nproc-per-node 2 -m trace_gym.cli train --config ... model.strategy=ddp     (data-parallel)
     trace-gym train --config ... model.strategy=fsdp --ray-ranks 8 --gpus-per-rank 1     (ranks on Ray)
-    trace-gym eval  --config configs/quickstart.yaml [key=value ...] [--checkpoint RUN_DIR|CKPT_DIR]
+    trace-gym eval  --checkpoint RUN_DIR|CKPT_DIR [--config FILE] [key=value ...]
+    trace-gym eval  --config configs/quickstart.yaml [key=value ...]
+
+`eval --checkpoint` reads the run folder's own config.yaml when --config is absent. Resuming a run that already
+reached its `steps` says so and exits 0 (raise `steps=` to train on).
 """
 
 from __future__ import annotations
@@ -36,17 +40,71 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _config(args: argparse.Namespace) -> TrainConfig:
+def _config(command: str, args: argparse.Namespace) -> TrainConfig:
     path = args.config
     resume = getattr(args, "resume", None)
     if path is None and resume is not None:
-        path = str(Path(resume) / "config.yaml")
+        path = str(_run_folder(resume) / "config.yaml")
+    checkpoint = getattr(args, "checkpoint", None)
+    if path is None and checkpoint is not None:
+        path = str(_run_config_of(checkpoint))
     if path is None:
-        raise ConfigError("expected --config FILE, got none; fix: trace-gym train --config configs/quickstart.yaml")
+        fix = "trace-gym train --config configs/quickstart.yaml" if command == "train" else \
+            "trace-gym eval --checkpoint RUN_DIR (its own config) or trace-gym eval --config configs/quickstart.yaml"
+        raise ConfigError(f"expected --config FILE, got none; fix: {fix}")
     overrides = list(args.overrides or [])
     if resume is not None and not any(o.startswith("run_dir=") for o in overrides):
         overrides.append(f"run_dir={resume}")
     return load_config(path, overrides)
+
+
+def _run_folder(resume: str) -> Path:
+    """`resume` when it is a run folder (config.yaml and a checkpoint), else a ConfigError saying what it lacks."""
+    run = Path(resume)
+    start = "trace-gym train --config configs/quickstart.yaml"
+    if not (run / "config.yaml").is_file():
+        what = "no such folder" if not run.exists() else "no config.yaml: not a run folder"
+        raise ConfigError(f"expected a run folder to resume (config.yaml, checkpoints/), got {resume!r} ({what}); "
+                          f"fix: pass the run_dir of an earlier run (e.g. runs/quickstart/rl) or start one: {start}")
+    if not any((run / "checkpoints").glob("step_*/state.pt")):
+        raise ConfigError(f"expected a run with a checkpoint to resume, got {resume!r} (it saved none); fix: start "
+                          f"it again: trace-gym train --config {run / 'config.yaml'}")
+    return run
+
+
+def _run_config_of(checkpoint: str) -> Path:
+    """The config.yaml of the run that `checkpoint` (RUN_DIR or RUN_DIR/checkpoints/step_N) belongs to."""
+    ckpt = Path(checkpoint)
+    for folder in (ckpt, ckpt.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return folder / "config.yaml"
+    raise ConfigError(f"expected --checkpoint to be a run folder or one of its checkpoints (with the run's "
+                      f"config.yaml), got {checkpoint!r}; fix: trace-gym eval --checkpoint runs/quickstart/rl, or "
+                      "add --config FILE")
+
+
+def _finished(cfg: TrainConfig, resume: str | None) -> int | None:
+    """The step a resumed run already reached, when that is all of its `steps` (None otherwise)."""
+    if resume is None:
+        return None
+    steps = [int(p.parent.name.removeprefix("step_")) for p in (Path(resume) / "checkpoints").glob("step_*/state.pt")]
+    return max(steps) if steps and max(steps) >= cfg.steps else None
+
+
+def _check_env(cfg: TrainConfig) -> None:
+    """Resolve the env and load its training and held-out tasks now: a wrong id or data file then fails in a
+    second, before a warm start that can take minutes."""
+    from trace_gym.env_specs import env_factory
+
+    for kwargs in (cfg.env.kwargs, {**cfg.env.kwargs, **cfg.env.eval_kwargs}):
+        env = env_factory(cfg.env.id, kwargs)()
+        try:
+            if not hasattr(env.unwrapped, "tasks"):  # loads (and checks) the data
+                raise ConfigError(f"expected env.id to name a trace_gym TextEnv (training and evaluation draw "
+                                  f"prompts from its tasks), got {type(env.unwrapped).__name__}; fix: subclass "
+                                  "trace_gym.ToolEnv, as the README's CapitalsEnv does")
+        finally:
+            env.close()
 
 
 def run(command: str, args: argparse.Namespace) -> int:
@@ -54,7 +112,13 @@ def run(command: str, args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
-    cfg = _config(args)
+    cfg = _config(command, args)
+    if command == "train" and (done := _finished(cfg, args.resume)) is not None:
+        console.print(f"{args.resume} is complete: {done} of {cfg.steps} steps (results in "
+                      f"{Path(args.resume) / 'summary.json'}); to train on, raise steps: "
+                      f"trace-gym train --resume {args.resume} steps={cfg.steps + done}")
+        return 0
+    _check_env(cfg)
     if command == "train" and args.ray_ranks:
         from .launch import ray_train
 

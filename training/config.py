@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import yaml
 
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, nearest
 
 from .advantages import ADVANTAGE_METHODS
 from .allocators import ALLOCATORS
@@ -368,26 +368,45 @@ class TrainConfig:
         _check(bool(self.run_dir), "expected run_dir, got ''; fix: run_dir=runs/my-run")
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as nested plain dicts (what ``config.yaml`` holds)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """Build and validate a config from nested dicts; unknown keys and wrong types raise ``ConfigError``."""
         return _build(cls, data, "")
 
 
 def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigError(f"expected a mapping at {where or 'the top level'}, got {type(data).__name__}")
+        raise ConfigError(f"expected a mapping at {where or 'the top level'}, got {type(data).__name__} "
+                          f"{data!r}; fix: give {where.rstrip('.') or 'the config'} as key: value lines")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown config key {where}{unknown[0]!r}; fix: use one of {sorted(fields)}")
+        near = nearest(unknown[0], fields)
+        # A key in the wrong section (`lr=...` for `optim.lr=...`): the keys of that name below this level.
+        deeper = [k for k in _dotted_keys(cls) if "." in k and k.rsplit(".", 1)[1] == unknown[0]]
+        hint = f"did you mean {where}{near}? " if near else \
+            f"did you mean {' or '.join(where + k for k in deeper)}? " if deeper else ""
+        raise ConfigError(f"expected a config key, got unknown {where}{unknown[0]}; fix: {hint}"
+                          f"{'the keys of ' + where.rstrip('.') if where else 'top-level keys'} are "
+                          f"{', '.join(sorted(fields))}")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         sub = _nested_type(cls, name)
         kwargs[name] = _build(sub, value or {}, f"{where}{name}.") if sub is not None else _coerce(
             cls, name, value, where)
     return cls(**kwargs)
+
+
+def _dotted_keys(cls: type) -> list[str]:
+    """Every leaf key of the config class ``cls``, dotted (``optim.lr``)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        sub = _nested_type(cls, f.name)
+        out += [f"{f.name}.{k}" for k in _dotted_keys(sub)] if sub is not None else [f.name]
+    return out
 
 
 def _nested_type(cls: type, name: str) -> type | None:
@@ -406,6 +425,10 @@ def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ConfigError(f"expected {where}{name} true or false, got {value!r}")
         return value
+    numeric = isinstance(default, int | float) and not isinstance(default, bool)
+    if numeric and (isinstance(value, bool) or not isinstance(value, int | float | str)):
+        kind = "an integer" if isinstance(default, int) else "a number"
+        raise ConfigError(f"expected {where}{name} as {kind}, got {value!r}; fix: {where}{name}={default}")
     if isinstance(default, float) and isinstance(value, int | str) and not isinstance(value, bool):
         try:
             out = float(value)
@@ -432,7 +455,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             if not isinstance(child, dict):
                 raise ConfigError(f"expected {part!r} in {key!r} to be a section, got a value; fix: check the key")
             node = child
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"expected a YAML value in {item!r}, got {type(exc).__name__}; fix: quote it, "
+                              f"e.g. {key}='\"text\"'") from None
     return data
 
 
@@ -448,8 +475,17 @@ def _read_yaml(p: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"expected a config file, got {str(p)!r} (not found); fix: see configs/*.yaml")
     if p.resolve() in seen:
         raise ConfigError(f"expected acyclic 'base:' references, got a cycle through {str(p)!r}")
-    loaded = yaml.safe_load(p.read_text())
-    data = loaded if isinstance(loaded, dict) else {}
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"expected valid YAML in {str(p)!r}, got a syntax error at{where or ' some point'}: "
+                          f"{getattr(exc, 'problem', None) or exc}; fix: correct that line") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"expected a mapping of settings in {str(p)!r}, got a {type(loaded).__name__}; "
+                          "fix: write key: value lines, as in configs/quickstart.yaml")
+    data = loaded or {}
     base = data.pop("base", None)
     if base is None:
         return data

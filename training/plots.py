@@ -14,8 +14,9 @@ One panel per question; a panel draws whichever of its keys the run logged and i
 - tokens: ``rollout/generated_tokens``, ``rollout/tokens``
 - time per stage: every ``time/<stage>`` (``time/step_s``, the total, is left out of the stack)
 - contrastive pairs: ``alloc/pairs_per_1k_tokens``, else ``alloc/pairs_per_trajectory`` (scales differ)
-Several run folders are overlaid, one colour each, labelled by ``summary.json``'s allocator or the folder name
-(this is how effective ratio per allocator is compared). The x axis is the row's ``step`` (line index if absent).
+Several run folders are overlaid, one colour each, labelled by run folder (the shortest path ending that tells
+them apart) and ``summary.json``'s allocator where it differs from that name: ``seed0 (trace)``. The x axis
+is the row's ``step`` (line index if absent).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Run:
     label: str
     rows: list[dict[str, Any]]
     skipped_lines: int = 0
+    allocator: str | None = None
+    """``summary.json``'s allocator, when the run wrote one."""
 
     def keys(self) -> set[str]:
         return {k for row in self.rows for k in row}
@@ -92,12 +95,28 @@ def load_run(run_dir: str | Path) -> Run:
         else:
             skipped += 1
     folder = path.parent
-    label = folder.name
+    allocator = None
     summary = folder / "summary.json"
     if summary.is_file():
         with contextlib.suppress(json.JSONDecodeError, AttributeError):
-            label = str(json.loads(summary.read_text()).get("allocator") or label)
-    return Run(folder, label, rows, skipped)
+            allocator = json.loads(summary.read_text()).get("allocator") or None
+    run = Run(folder, folder.name, rows, skipped, str(allocator) if allocator is not None else None)
+    run.label = run_labels([run])[0]
+    return run
+
+
+def run_labels(runs: Sequence[Run]) -> list[str]:
+    """A label per run: the shortest ending of its folder path that no other run shares (``seed0``, or
+    ``a/rl`` beside ``b/rl``), with the allocator in brackets when it is not that name."""
+    parts = [run.path.resolve().parts for run in runs]
+    depth = 1
+    while depth < max(map(len, parts)) and len({p[-depth:] for p in parts}) < len(parts):
+        depth += 1
+    out = []
+    for run, p in zip(runs, parts):
+        name = "/".join(p[-depth:])
+        out.append(name if run.allocator in (None, name) else f"{name} ({run.allocator})")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ panels
@@ -278,6 +297,8 @@ def plot_runs(run_dirs: Iterable[str | Path], out_dir: str | Path | None = None)
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise ConfigError("expected at least one run folder, got none")
+    for run, label in zip(runs, run_labels(runs)):
+        run.label = label
     if not any(run.rows for run in runs):
         raise ConfigError(f"expected metric rows in {', '.join(str(r.path) for r in runs)}, got none; fix: "
                           "plot a run that has logged at least one step")

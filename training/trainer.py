@@ -239,15 +239,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def make_env_factory(env_id: str, kwargs: Mapping[str, Any]) -> Callable[[], gym.Env]:
-    import trace_gym  # noqa: F401 - registers the trace/* ids
+    """Envs named by `env_id` in any spec form (trace_gym.env_specs: id, module:id, module:Class)."""
+    from trace_gym.env_specs import env_factory
 
-    if ":" in env_id and "/" not in env_id.split(":", 1)[1]:  # an entry point "module:Class" (unregistered env)
-        spec = gym.envs.registration.EnvSpec(id=env_id.split(":", 1)[1] + "-v0", entry_point=env_id)
-        return lambda: gym.make(spec, **dict(kwargs))
-    if env_id not in gym.registry and not (":" in env_id and env_id.split(":", 1)[1] in gym.registry):
-        raise ConfigError(f"expected a registered env id, got {env_id!r}; fix: one of "
-                          f"{sorted(k for k in gym.registry if k.startswith('trace/'))}")
-    return lambda: gym.make(env_id, **dict(kwargs))
+    return env_factory(env_id, kwargs)
 
 
 def dataset_of(make_env: Callable[[], gym.Env]) -> list[Task]:
@@ -486,6 +481,7 @@ class Trainer:
         return summary
 
     def summary(self, wall_s: float) -> dict[str, Any]:
+        """The run's summary (held-out success before and after, effective ratios, budget, tokens, ``wall_s``)."""
         ev = self.history["eval"]
         ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
         return {

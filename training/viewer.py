@@ -74,7 +74,8 @@ def _input_files(paths: Iterable[str | Path]) -> list[Path]:
         elif p.is_file():
             files.append(p)
         else:
-            raise ConfigError(f"expected a tree JSONL file or a directory, got missing path {p}")
+            raise ConfigError(f"expected a tree JSONL file or a directory, got missing path {p}; fix: a run saves "
+                              "RUN_DIR/trees.jsonl when log.save_trees is set (all, first_last or N)")
     return files
 
 

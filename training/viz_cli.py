@@ -4,10 +4,7 @@ each sub-command's parser and ``run`` to execute it (exit status returned)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-from trace_gym.errors import TraceGymError
 
 COMMANDS = ("view", "plot")
 
@@ -34,40 +31,34 @@ def _default_page(first: Path) -> Path:
 
 
 def run(command: str, args: argparse.Namespace) -> int:
-    """Execute ``command``; returns the exit status (1 with a message on stderr for bad input)."""
-    try:
-        if command == "view":
-            from .viewer import write_viewer
+    """Execute ``command``; returns the exit status. Bad input raises ``ConfigError``, which the dispatcher prints
+    as one line (exit status 2)."""
+    if command == "view":
+        from .viewer import write_viewer
 
-            out = write_viewer(args.trees, args.out or _default_page(args.trees[0]), title=args.title)
-            print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB); open it in a browser (works offline)")
-            return 0
-        if command == "plot":
-            from .plots import plot_runs
+        out = write_viewer(args.trees, args.out or _default_page(args.trees[0]), title=args.title)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB); open it in a browser (works offline)")
+        return 0
+    if command == "plot":
+        from .plots import plot_runs
 
-            result = plot_runs(args.run_dirs, args.out)
-            for path in result.paths:
-                print(f"wrote {path}")
-            for panel, keys in result.missing.items():
-                print(f"no {panel} plot: the run logged none of {', '.join(keys)}")
-            for r in result.runs:
-                if r.skipped_lines:
-                    print(f"skipped {r.skipped_lines} unreadable line(s) of {r.path / 'metrics.jsonl'}")
-            return 0
-    except TraceGymError as e:
-        print(f"trace-gym {command}: {e}", file=sys.stderr)
-        return 1
+        result = plot_runs(args.run_dirs, args.out)
+        for path in result.paths:
+            print(f"wrote {path}")
+        for panel, keys in result.missing.items():
+            print(f"no {panel} plot: the run logged none of {', '.join(keys)}")
+        for r in result.runs:
+            if r.skipped_lines:
+                print(f"skipped {r.skipped_lines} unreadable line(s) of {r.path / 'metrics.jsonl'}")
+        return 0
     raise ValueError(f"expected a command in {COMMANDS}, got {command!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m trace_gym.training.viz_cli view ...``) until the dispatcher routes here."""
-    parser = argparse.ArgumentParser(prog="trace-gym")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        add_arguments(command, sub.add_parser(command))
-    args = parser.parse_args(argv)
-    return run(args.command, args)
+    """``python -m trace_gym.training.viz_cli view ...``: the same as ``trace-gym view ...``."""
+    from trace_gym.cli import main as trace_gym_main
+
+    return trace_gym_main(argv)
 
 
 if __name__ == "__main__":

