@@ -223,6 +223,12 @@ class _Server:
             self.sock.close()
 
 
+def start_server() -> int:
+    """Start this process's call server now rather than at the first bounded call; returns its pid. It lives
+    until this process exits: leak checks should take their baseline after calling this."""
+    return _Server.get().proc.pid
+
+
 def bounded_call(fn: Callable[..., Any], *args: Any, bound: Bound | None = None, warm: tuple[str, ...] = (),
                  **kwargs: Any) -> Outcome:
     """``fn(*args, **kwargs)`` in a killable child; never raises for what the call does (see the module doc).

@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils.env_checker import check_env
 
+from trace_gym.bounded import start_server
 from trace_gym.env import _BASE_FIELDS, TextEnv, ToolEnv, fingerprint
 from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
 from trace_gym.tools import ToolCall
@@ -192,7 +193,9 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     """
     factory = _make_factory(env)
     # A throwaway episode first: process-wide helpers an env starts once (a sandbox's template process) are
-    # then part of the baseline, and only processes that outlive their episode count as leaks.
+    # then part of the baseline, and only processes that outlive their episode count as leaks. The bounded-call
+    # server starts at the first call that needs it, which a short episode may not reach: start it now.
+    start_server()
     warmup = factory()
     warmup.reset(seed=seed)
     play_outcomes(warmup, (schema_calls(warmup, np.random.default_rng(seed), 1) or warmup.example_actions())[:1])

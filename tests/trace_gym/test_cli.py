@@ -60,7 +60,8 @@ def test_an_unknown_env_id_suggests_the_nearest(capsys, tmp_path):
     assert "did you mean 'trace/Arithmetic-v0'" in line and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("content", "expected"), [(None, "not found"), ("{not json", "invalid JSON at line 1")])
+@pytest.mark.parametrize(("content", "expected"),
+                         [(None, "no such file"), ("{not json", "expected a JSON array or JSON Lines")])
 def test_a_missing_or_broken_math_data_file_is_one_line(capsys, tmp_path, content, expected):
     data = tmp_path / "problems.json"
     if content is not None:
