@@ -95,14 +95,13 @@ def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 10
     return fn
 
 
-def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[torch.nn.Module, Any]]) -> Predictor:
-    """``predictor.kind``: the text-feature model, or a head on the hidden states of ``hidden()``'s (model,
-    tokenizer), called only for that kind."""
+def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., torch.Tensor], int]]) -> Predictor:
+    """``predictor.kind``: the text-feature model, or a head on hidden states; ``hidden()`` gives the hidden-state
+    function (`hidden_state_fn`) and its width, and is called only for that kind."""
     if cfg.predictor.kind == "features":
         return FeaturePredictor(lr=cfg.predictor.lr, steps=cfg.predictor.steps)
-    model, tokenizer = hidden()
-    return HiddenStatePredictor(hidden_state_fn(model, tokenizer), model.config.hidden_size, lr=cfg.predictor.lr,
-                                steps=cfg.predictor.steps, seed=cfg.seed)
+    fn, size = hidden()
+    return HiddenStatePredictor(fn, size, lr=cfg.predictor.lr, steps=cfg.predictor.steps, seed=cfg.seed)
 
 
 def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Task],

@@ -35,6 +35,7 @@ from .allocators import StepBudget, make_allocator
 from .annotations import annotate
 from .builders import (
     dataset_of,
+    hidden_state_fn,
     make_collector,
     make_env_factory,
     make_policy,
@@ -114,7 +115,8 @@ class Trainer:
         # The generation backend shares the trained model when it can, else holds its own copy or engine.
         self.policy = (make_policy(cfg, self.learner.model, self.tokenizer, model_path)
                        if self.learner.shares_weights else worker_policy(cfg, model_path))
-        self.predictor = make_predictor(cfg, lambda: (self._features_model(), self.tokenizer))
+        self.predictor = make_predictor(cfg, lambda: (hidden_state_fn(self._features_model(), self.tokenizer),
+                                                      self.learner.config.hidden_size))
         self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
         self.budget = StepBudget(cfg.alloc.roots, cfg.alloc.multiplier)
         self.stream = TaskStream(dataset_of(self.make_env), cfg.seed)

@@ -122,3 +122,19 @@ def test_a_fresh_run_in_a_used_folder_starts_a_new_metrics_file(tmp_path, nano_d
     for _ in range(2):
         _run(TrainConfig.from_dict(data))
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1]
+
+
+def test_a_step_with_the_hidden_state_predictor_fits_its_head(tmp_path, nano_dir):
+    from trace_gym.training.predictor import HiddenStatePredictor
+
+    data = tiny_config(tmp_path / "run", nano_dir).to_dict()
+    data["predictor"] = {"kind": "hidden", "steps": 5}
+    trainer = Trainer(TrainConfig.from_dict(data))
+    try:
+        assert isinstance(trainer.predictor, HiddenStatePredictor)
+        before = [p.detach().clone() for p in trainer.predictor.head.parameters()]
+        metrics = trainer.step()
+        assert metrics["predictor/examples"] > 0
+        assert any(not torch.equal(a, b) for a, b in zip(before, trainer.predictor.head.parameters()))
+    finally:
+        trainer.close()
