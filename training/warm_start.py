@@ -25,6 +25,7 @@ from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.agents.sft import SFTSettings, sft
 from trace_gym.errors import ConfigError
 
+from .builders import dataset_of
 from .collector import TreeCollector
 from .config import TrainConfig
 from .evaluate import EvalResult, evaluate, rollout_chunks
@@ -34,25 +35,23 @@ def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: floa
                             only_successful: bool = True, holdout: int = 0) -> list[list[dict[str, Any]]]:
     """Message lists of ``n`` episodes played by the env's scripted expert (``env.expert(noise, seed)``),
     choice 1; failed episodes are dropped when ``only_successful``."""
-    probe = make_env()
+    tasks = dataset_of(make_env)
+    count = len(tasks) - holdout
+    if count < 1:
+        raise ConfigError(f"expected holdout below the env's {len(tasks)} tasks, got holdout={holdout}")
+    counts = Counter(tasks[(seed + i) % count].id for i in range(n))
+    probe = make_env()  # holds the env's expert (`expert(noise, seed)`, which every trace env defines)
+    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=noise, seed=s))  # type: ignore[attr-defined]
+    collector = TreeCollector(policy, make_env, tasks[:count], SamplingParams(), snapshot_kind="replay")
+    episodes = []
     try:
-        tasks = list(probe.unwrapped.tasks)  # type: ignore[attr-defined]
-        count = len(tasks) - holdout
-        if count < 1:
-            raise ConfigError(f"expected holdout below the env's {len(tasks)} tasks, got holdout={holdout}")
-        counts = Counter(tasks[(seed + i) % count].id for i in range(n))
-        policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=noise, seed=s))  # type: ignore[attr-defined]
-        collector = TreeCollector(policy, make_env, tasks[:count], SamplingParams(), snapshot_kind="replay")
-        episodes = []
-        try:
-            for trees in rollout_chunks(collector, counts, seed):
-                episodes += [collector.messages(tid, leaf.id) for tid, tree in trees.items() for leaf in tree.leaves()
-                             if leaf.reward > 0 or not only_successful]
-        finally:
-            collector.close()
-        return episodes
+        for trees in rollout_chunks(collector, counts, seed):
+            episodes += [collector.messages(tid, leaf.id) for tid, tree in trees.items() for leaf in tree.leaves()
+                         if leaf.reward > 0 or not only_successful]
     finally:
+        collector.close()
         probe.close()
+    return episodes
 
 
 def held_out_eval(policy: Policy, make_env: Callable[[], gym.Env], n: int = 100,
@@ -60,11 +59,7 @@ def held_out_eval(policy: Policy, make_env: Callable[[], gym.Env], n: int = 100,
     """``policy`` on the env's last ``n`` tasks (the ``holdout`` of `collect_expert_episodes`), one sample each;
     greedy with 64 new tokens per turn by default."""
     sampling = sampling or SamplingParams(temperature=0.0, max_new_tokens=64)
-    probe = make_env()
-    try:
-        tasks = list(probe.unwrapped.tasks)[::-1][:n]  # type: ignore[attr-defined]
-    finally:
-        probe.close()
+    tasks = dataset_of(make_env)[::-1][:n]
     # A scripted expert reads messages; a model reads the exact token record.
     tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
     collector = TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay")
