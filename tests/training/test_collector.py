@@ -135,3 +135,35 @@ def test_an_adopted_tree_continues_as_in_the_collector_that_started_it():
         first.close()
         second.close()
         env.close()
+
+
+@pytest.mark.parametrize("kind", ["local", "simulation"])
+def test_every_collector_refuses_the_same_bad_starts(kind):
+    from trace_gym.errors import ConfigError
+    from trace_gym.training.simulation import SimCollector, make_tasks
+
+    env = None
+    if kind == "local":
+        env = ArithmeticEnv(n_tasks=6)
+        tasks = list(env.tasks)
+        collector = TreeCollector(ExpertPolicy(env.expert()), lambda: ArithmeticEnv(n_tasks=6), tasks,
+                                  SamplingParams(), workers=1)
+    else:
+        tasks = make_tasks(6, seed=0)
+        collector = SimCollector(tasks)
+    try:
+        collector.begin_step()
+        collector.bare_rollouts({tasks[0].id: 2}, seed=0)
+        with pytest.raises(ConfigError, match="each prompt once per step"):
+            collector.bare_rollouts({tasks[0].id: 1}, seed=1)
+        with pytest.raises(ConfigError, match="task id of the collector's task set"):
+            collector.bare_rollouts({"no-such-task": 1}, seed=1)
+        with pytest.raises(ConfigError, match="a prompt started this step"):
+            collector.continuations({(tasks[1].id, 0): 1}, seed=1)
+        leaf = collector.trees[tasks[0].id].leaves()[0].id
+        with pytest.raises(ConfigError, match="open \\(non-terminal\\) node"):
+            collector.continuations({(tasks[0].id, leaf): 1}, seed=1)
+    finally:
+        collector.close()
+        if env is not None:
+            env.close()
