@@ -1,10 +1,13 @@
-"""Supervised warm start: fine-tune on scripted-expert episodes, assistant tokens only, then evaluate.
+"""Supervised fine-tuning on given episodes (message lists or recorded conversations), assistant tokens only.
+
+The episodes come from elsewhere: `trace_gym.training.warm_start` collects scripted-expert episodes through
+the rollout collector and evaluates the result.
 
 Deviations from common SFT recipes, and why:
 1. Loss is the mean over all assistant tokens of the batch (token-level), the same normalisation as the RL
    loss, so that long episodes are not down-weighted.
-2. Training stops on a step count, never on wall time (MEASURED.md: the tiny model learns to copy tool output
-   between steps 250 and 400, so time-based stopping gives machine-dependent models).
+2. Training stops on a step count, never on wall time (docs/measured.md: the tiny model learns to copy tool
+   output between steps 250 and 400, so time-based stopping gives machine-dependent models).
 """
 
 from __future__ import annotations
@@ -16,20 +19,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from trace_gym.agents.chat import Conversation, tokenize_episode
 from trace_gym.agents.hf import sequence_logprobs
-from trace_gym.agents.policy import SamplingParams
-from trace_gym.agents.rollout import Episode, play_episodes, success_rate
-from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class SFTConfig:
-    """Supervised fine-tuning settings; defaults suit the tiny model on Arithmetic (MEASURED.md)."""
+class SFTSettings:
+    """Supervised fine-tuning settings; defaults suit the tiny model on Arithmetic (docs/measured.md)."""
 
     steps: int = 400
     """Optimizer steps."""
@@ -102,13 +101,14 @@ def _batch(seqs: list[tuple[list[int], list[bool]]], pad: int) -> tuple[torch.Te
 
 
 def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | Conversation],
-        out_dir: str | Path | None = None, config: SFTConfig | None = None, progress: bool = True,
-        on_step: Callable[[int, float], None] | None = None) -> SFTResult:
+        out_dir: str | Path | None = None, config: SFTSettings | None = None, progress: bool = True,
+        on_step: Callable[[int, float, Any], None] | None = None) -> SFTResult:
     """Fine-tune the model in `model_dir` on `episodes`, training only assistant tokens; save to `out_dir`
-    (default: `model_dir`, in place) with a `sft_log.jsonl` of the losses."""
+    (default: `model_dir`, in place) with a `sft_log.jsonl` of the losses. `on_step(step, loss, model)` runs
+    after each optimiser step with the model in training mode (a callback that evaluates it switches back)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = config or SFTConfig()
+    config = config or SFTSettings()
     out = Path(out_dir or model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -134,7 +134,7 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
             sched.step()
             losses.append(float(loss.detach()))
             if on_step is not None:
-                on_step(step, losses[-1])
+                on_step(step, losses[-1], model)
             if step % config.log_every == 0 or step == config.steps - 1:
                 log.append({"step": step, "loss": losses[-1], "lr": sched.get_last_lr()[0]})
             advance(losses[-1])
@@ -148,11 +148,11 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
     return SFTResult(losses, out, len(seqs), log)
 
 
-def _lr_factor(step: int, config: SFTConfig) -> float:
+def _lr_factor(step: int, config: SFTSettings) -> float:
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     # Constant, then a cosine over the last `decay_fraction` of the steps: the tiny model learns to copy tool
-    # output late (MEASURED.md: steps 250-400), and a decay over the whole run slowed that jump.
+    # output late (docs/measured.md: steps 250-400), and a decay over the whole run slowed that jump.
     decay_start = config.steps * (1 - config.decay_fraction)
     frac = (step - decay_start) / max(1.0, config.steps - decay_start)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(frac, 0.0), 1.0)))
@@ -178,65 +178,3 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self.enabled:
             self.bar.stop()
-
-
-def _task_count(make_env: Callable[[], gym.Env]) -> int:
-    env = make_env()
-    try:
-        return len(env.unwrapped.tasks)
-    finally:
-        env.close()
-
-
-def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: float = 0.0, seed: int = 0,
-                            only_successful: bool = True, holdout: int = 0) -> list[list[dict[str, Any]]]:
-    """Message lists of `n` episodes played by the env's scripted expert (`env.expert(noise, seed)`) on the
-    env's tasks in order from index `seed`, cycling, never touching the last `holdout` tasks (kept for
-    `evaluate`); failed episodes are dropped when `only_successful`."""
-    probe = make_env()
-    try:
-        expert = probe.unwrapped.expert(noise=noise, seed=seed)
-        count = len(probe.unwrapped.tasks) - holdout
-    finally:
-        probe.close()
-    if count < 1:
-        raise ConfigError(f"expected holdout below the env's task count, got holdout={holdout}")
-    resets = [{"options": {"index": (seed + i) % count}} for i in range(n)]
-    eps = play_episodes(ExpertPolicy(expert), make_env, resets, SamplingParams())
-    return [ep.messages for ep in eps if ep.reward > 0 or not only_successful]
-
-
-def evaluate(policy, make_env: Callable[[], gym.Env], n: int = 100, sampling: SamplingParams | None = None,
-             **kwargs: Any) -> tuple[float, list[Episode]]:
-    """Success rate of `policy` on the env's last `n` tasks (the `holdout` of `collect_expert_episodes`),
-    and the episodes. Greedy with 64 new tokens per turn by default."""
-    sampling = sampling or SamplingParams(temperature=0.0, max_new_tokens=64)
-    total = _task_count(make_env)
-    resets = [{"options": {"index": total - 1 - i}} for i in range(min(n, total))]
-    eps = play_episodes(policy, make_env, resets, sampling, **kwargs)
-    return success_rate(eps), eps
-
-
-def sft_env(model_dir: str | Path, env_id: str, episodes: int = 2000, out_dir: str | Path | None = None,
-            config: SFTConfig | None = None, eval_episodes: int = 100, noise: float = 0.0,
-            env_kwargs: Mapping[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
-    """`trace-gym sft --model DIR --env ID --episodes N`: collect expert episodes, fine-tune, evaluate on
-    held-out tasks before and after. Returns a JSON-ready summary (also written to `sft_summary.json`)."""
-    from trace_gym.agents.hf import HFPolicy
-    from trace_gym.env_specs import env_factory
-
-    make_env = env_factory(env_id, env_kwargs)
-
-    data = collect_expert_episodes(make_env, episodes, noise=noise, holdout=eval_episodes)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=64)
-    before, _ = evaluate(HFPolicy.from_pretrained(model_dir), make_env, eval_episodes, sampling=greedy)
-    result = sft(model_dir, data, out_dir, config, progress=progress)
-    policy = HFPolicy.from_pretrained(result.out_dir)
-    after, _ = evaluate(policy, make_env, eval_episodes, sampling=greedy)
-    sampled, _ = evaluate(policy, make_env, eval_episodes, sampling=SamplingParams(max_new_tokens=64, seed=0))
-    summary = {"env": env_id, "expert_episodes": len(data), "sequences": result.sequences,
-               "steps": len(result.losses), "loss_first": result.losses[0], "loss_last": result.losses[-1],
-               "success_before_greedy": before, "success_after_greedy": after, "success_after_t1": sampled,
-               "out_dir": str(result.out_dir)}
-    (result.out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary

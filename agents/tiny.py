@@ -1,8 +1,8 @@
 """The tiny embedded model: a byte-level tokenizer with the chat/tool tags as single tokens, a Hermes/Qwen3
 chat template, and a small Qwen3 model from config, saved as an ordinary model directory.
 
-Byte-level without merges means one token per ASCII character (MEASURED.md: a character-level tokenizer let
-0.8M parameters learn the arithmetic tool task in ~2 minutes on 2 cores) while any Unicode text still
+Byte-level without merges means one token per ASCII character (docs/measured.md: a character-level tokenizer
+let 0.8M parameters learn the arithmetic tool task in ~2 minutes on 2 cores) while any Unicode text still
 encodes losslessly. Passing a corpus trains byte-level BPE merges on it instead (digits stay single tokens).
 """
 

@@ -12,23 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from trace_gym.training.metrics import mean_ci95
+
 RESULTS = Path(__file__).parent / "results"
 DOCS_IMG = Path(__file__).parent.parent / "docs" / "img"
 
-# Two-sided 95% Student-t quantiles by degrees of freedom (1..30); beyond 30 the normal 1.96 is close enough.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
 def mean_ci(values: Sequence[float]) -> dict[str, float]:
     """Mean and 95% t-interval half-width over independent seeds (NaNs dropped); n = seeds used."""
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if len(x) == 0:
-        return {"mean": float("nan"), "ci95": float("nan"), "n": 0}
-    if len(x) == 1:
-        return {"mean": float(x[0]), "ci95": float("nan"), "n": 1}
-    t = _T95[min(len(x) - 1, len(_T95)) - 1] if len(x) - 1 <= len(_T95) else 1.96
-    return {"mean": float(x.mean()), "ci95": float(t * x.std(ddof=1) / math.sqrt(len(x))), "n": len(x)}
+    mean, ci95, n = mean_ci95(values)
+    return {"mean": mean, "ci95": ci95, "n": n}
 
 
 def fmt(stat: dict[str, float], digits: int = 3) -> str:
@@ -121,7 +113,8 @@ def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> A
 
 def warm_model(env_id: str) -> str:
     """Build and SFT the tiny model on ``env_id``'s scripted expert once (cached); returns the model folder."""
-    from trace_gym.training.trainer import make_env_factory, warm_start
+    from trace_gym.env_specs import env_factory
+    from trace_gym.training.warm_start import warm_start
 
     cfg = train_config(env_id, BENCH_RUNS / env_short(env_id) / "warm")
-    return warm_start(cfg, make_env_factory(cfg.env.id, cfg.env.kwargs))
+    return warm_start(cfg, env_factory(cfg.env.id, cfg.env.kwargs))

@@ -2,9 +2,8 @@
 
 Each task is an integer expression over ``+ - *`` (or a word problem that encodes one). The intended solution
 is ReAct: ``<python>print(expr)</python>`` -> tool output -> ``<answer>N</answer>``. Difficulty is the number
-of operators and the operand size. The default, 2-3 operators with 1-3 digit operands, leaves most prompts
-of the 0.8M-parameter tiny model mixed after its short SFT (docs/results.md: 66% of grpo's groups are mixed on
-Arithmetic).
+of operators and the operand size; see docs/measured.md ("The tiny model on Arithmetic"): 2-3 operators with
+1-3 digit operands leave most prompts of a 0.8M-parameter model mixed after a short SFT.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("trace_gym.rollout", "list the registered trace/* environments with their tools and datasets"),
     "rollout": ("trace_gym.rollout", "roll out a policy with the tree wrapper and save the trees as JSONL"),
     "model": ("trace_gym.agents.cli", "build the tiny embedded model: model init --out DIR"),
-    "sft": ("trace_gym.agents.cli", "supervised warm start on scripted-expert trajectories"),
+    "sft": ("trace_gym.training.warm_start", "supervised warm start on scripted-expert trajectories"),
     "train": ("trace_gym.training.cli", "train with TRACE or a baseline allocator from a YAML config"),
     "eval": ("trace_gym.training.cli", "evaluate a model on an environment's held-out tasks"),
     "view": ("trace_gym.training.viz_cli", "write a self-contained HTML page of rollout trees"),

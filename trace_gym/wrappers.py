@@ -77,6 +77,13 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         self.node_id = node_id
         return obs, {**info, "node_id": node_id}
 
+    def adopt(self, tree: RolloutTree, snapshots: dict[int, Snapshot]) -> None:
+        """Continue ``tree``, recorded by another wrapper (another process), from this one: ``snapshots`` (by
+        node id, e.g. replay snapshots of its open nodes) replace this wrapper's; call ``branch`` next."""
+        self._release()
+        self.tree, self.node_id = tree, 0
+        self._snapshots.update(snapshots)
+
     def close(self) -> None:
         """Release every snapshot, then close the env."""
         self._release()

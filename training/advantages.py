@@ -22,7 +22,7 @@ Deviations and choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from trace_gym.errors import ConfigError
 from .allocation import bottom_up_values
 
 AdvantageMethod = Literal["grpo", "tree_grpo", "tree_value"]
-ADVANTAGE_METHODS: tuple[str, ...] = ("grpo", "tree_grpo", "tree_value")
+ADVANTAGE_METHODS: tuple[str, ...] = get_args(AdvantageMethod)
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,13 @@ def tree_arrays(tree: Any) -> TreeArrays:
     depth = np.array([node.depth for node in nodes], dtype=np.int64)
     ids = np.array([node.id for node in nodes], dtype=np.int64)
     return TreeArrays(ids, parents, rewards, is_leaf, depth)
+
+
+def tree_values(tree: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(V̂, n) per node of a ``RolloutTree`` in creation order: the mean reward of the finished leaves under each
+    node (NaN where none has finished) and their count; the one place a tree's mean leaf reward is computed."""
+    a = tree_arrays(tree)
+    return bottom_up_values(a.parents, a.rewards, a.is_leaf)
 
 
 def _leaf_stats(rewards: np.ndarray, is_leaf: np.ndarray) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""Allocators: TRACE and its baselines in one two-stage frame (DESIGN.md §5).
+"""Allocators: TRACE and its baselines in one two-stage frame (docs/design.md, "Allocators").
 
 Stage 1 gives candidate prompts m_i bare rollouts; stage 2 gives each prompt's open prefixes (non-terminal
 nodes of depth >= 1 on its bare rollouts) K continuations from a budget of m_i·N. Every allocator spends
@@ -19,7 +19,7 @@ Deviations and choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from .allocation import solve_prefixes, solve_roots
 
 RootMode = Literal["uniform", "active", "pcl"]
 PrefixMode = Literal["none", "uniform", "active"]
+AllocatorName = Literal["trace", "grpo", "pcl", "treepo", "uniform_uniform", "uniform_active", "active_uniform",
+                        "active_active", "oracle"]
+ALLOCATORS: tuple[str, ...] = get_args(AllocatorName)
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ def expand_counts(allocator: Allocator, rewards: np.ndarray, values: np.ndarray,
     return allocator.allocate_prefixes(rewards, values, budget, rng), 0
 
 
-_MODES: dict[str, tuple[RootMode, PrefixMode, bool]] = {
+_MODES: dict[str, tuple[RootMode, PrefixMode, bool]] = {  # one entry per name of AllocatorName
     "trace": ("active", "active", False),
     "grpo": ("uniform", "none", False),
     "pcl": ("pcl", "none", False),
@@ -156,12 +159,11 @@ _MODES: dict[str, tuple[RootMode, PrefixMode, bool]] = {
     "active_active": ("active", "active", False),
     "oracle": ("active", "active", True),
 }
-ALLOCATORS: tuple[str, ...] = tuple(_MODES)
 
 
 def make_allocator(name: str, group_size: int = 8, cap: int = 16) -> StagedAllocator:
     """A named allocator: one of ``ALLOCATORS``."""
-    if name not in _MODES:
+    if name not in ALLOCATORS:
         raise ConfigError(f"expected an allocator in {ALLOCATORS}, got {name!r}")
     roots, prefixes, oracle = _MODES[name]
     return StagedAllocator(name, roots, prefixes, oracle, group_size, cap)

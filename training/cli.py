@@ -145,14 +145,18 @@ def _train(cfg: TrainConfig, resume: str | None, console: Any) -> int:
 
 
 def _eval(cfg: TrainConfig, args: argparse.Namespace, console: Any) -> int:
-    from .evaluate import evaluate_config
+    from .evaluate import evaluate_config, evaluated_model
 
+    model = evaluated_model(cfg, args.checkpoint)
     result = evaluate_config(cfg, args.checkpoint)
+    lo, hi = result.interval()
+    summary = {"env": cfg.env.id, "model": str(model), "tasks": len(result.tasks), "samples": cfg.eval.samples,
+               "success": result.success, "success_ci95": [lo, hi], "episodes": result.episodes}
     if args.json:
-        console.print_json(json.dumps(result))
+        console.print_json(json.dumps(summary))
     else:
-        console.print(f"{result['env']}  model {result['model']}  success {result['success']:.3f} "
-                      f"over {result['episodes']} episodes ({result['tasks']} prompts x {result['samples']})")
+        console.print(f"{cfg.env.id}  model {model}  success {result.success:.3f} (95% interval {lo:.3f} to "
+                      f"{hi:.3f}) over {result.episodes} episodes ({len(result.tasks)} prompts x {cfg.eval.samples})")
     return 0
 
 

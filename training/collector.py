@@ -8,6 +8,9 @@ restoring its node first when the env is elsewhere). No turn is generated twice:
 new child of its node. `open_tree`, `run` (starts with their seeding indices) and `adopt` (a tree from another
 collector) are the stages' building blocks, which Ray workers (ray_workers.py) call directly.
 
+`Collector` is the protocol every collector keeps (this one, `ray_workers.RayTreeCollector` and
+`simulation.SimCollector`); `bare_starts` and `continuation_starts` are the checks they share.
+
 Budget: every started rollout is one trajectory and ends in exactly one new leaf; generated tokens, env
 steps, tool calls and generate calls are counted beside.
 
@@ -18,7 +21,7 @@ rebuilds exactly the ids its action was sampled after (agents/chat.py's `Convers
 
 Choices:
 1. A branch whose next prompt would exceed `max_context` tokens is cut: its node becomes a leaf with
-   `truncated=True`, reward 0 and `info["stop_reason"] = "max_context"` (as `agents.rollout` does).
+   `truncated=True`, reward 0 and `info["stop_reason"] = "max_context"`.
 2. The sampling seed of a turn depends on (step seed, rollout index within the stage call, turn), never on
    batch composition, so runs repeat exactly with a fixed seed.
 """
@@ -27,10 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 
@@ -65,13 +68,66 @@ class CollectStats:
         return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items()}
 
 
+class Collector(Protocol):
+    """Contract: after `begin_step()`, `bare_rollouts({task id: m})` starts m rollouts at each prompt's root
+    (each prompt once per step) and `continuations({(task id, node id): k})` starts k rollouts from open nodes of
+    this step's trees; every started rollout runs to a terminal node and counts one trajectory. `trees` holds
+    this step's trees by task id in the order their prompts were started. Sampling depends only on (seed,
+    rollout index within the call, turn), never on placement or batching. `update_weights` hands new policy
+    weights to the collector's generation backends; `close` releases envs and workers."""
+
+    @property
+    def trees(self) -> dict[str, RolloutTree]: ...
+
+    def begin_step(self) -> None: ...
+
+    def bare_rollouts(self, counts: Mapping[str, int], seed: int) -> CollectStats: ...
+
+    def continuations(self, counts: Mapping[tuple[str, int], int], seed: int) -> CollectStats: ...
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def bare_starts(counts: Mapping[str, int], started: Container[str], tasks: Container[str]) -> list[tuple[str, int]]:
+    """The (task id, 0) starts of a `bare_rollouts` call, m per prompt in order, after checking that each prompt
+    is a known task not yet ``started`` this step."""
+    new = [tid for tid, m in counts.items() if m > 0]
+    for tid in new:
+        if tid in started:
+            raise ConfigError(f"expected each prompt once per step, got {tid!r} twice; fix: use continuations "
+                              "(node 0) for more rollouts from a started prompt")
+        if tid not in tasks:
+            raise ConfigError(f"expected a task id of the collector's task set, got {tid!r}")
+    return [(tid, 0) for tid in new for _ in range(int(counts[tid]))]
+
+
+def continuation_starts(counts: Mapping[tuple[str, int], int], trees: Mapping[str, RolloutTree]
+                        ) -> list[tuple[str, int]]:
+    """The (task id, node id) starts of a `continuations` call, k per node in order, after checking `check_open`."""
+    starts = [(tid, int(node_id)) for (tid, node_id), k in counts.items() for _ in range(max(int(k), 0))]
+    check_open(starts, trees)
+    return starts
+
+
+def check_open(starts: Sequence[tuple[str, int]], trees: Mapping[str, RolloutTree]) -> None:
+    """Each start names a tree started this step and an open (non-terminal) node of it."""
+    for tid, node_id in starts:
+        tree = trees.get(tid)
+        if tree is None:
+            raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
+        if tree[node_id].is_terminal:
+            raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
+
+
 @dataclass
 class _Tree:
     """One prompt's tree and the per-node state needed to continue from any of its nodes."""
 
     wrapper: TreeRolloutWrapper
     task: Task
-    messages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # env messages at each open node
+    messages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # env messages after each node
     convs: dict[int, Conversation] = field(default_factory=dict)  # token record at each open node
 
 
@@ -147,24 +203,29 @@ class TreeCollector:
         self._trees.clear()
         self._executor.shutdown(wait=True)
 
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Hand new weights to the policy (one that holds its own copy or engine: `update_weights`)."""
+        update = getattr(self.policy, "update_weights", None)
+        if update is None:
+            raise ConfigError(f"expected a policy with update_weights(state_dict), got {type(self.policy).__name__}")
+        update(dict(state_dict))
+
+    def messages(self, task_id: str, node_id: int) -> list[dict[str, Any]]:
+        """The env's chat messages after node ``node_id`` of this step's tree of ``task_id`` (the whole episode at a
+        leaf); kept for nodes this collector played."""
+        return list(self._trees[task_id].messages[node_id])
+
     # ----------------------------------------------------------------- stages
     def bare_rollouts(self, counts: Mapping[str, int], seed: int) -> CollectStats:
         """Start `m` rollouts at the root of each task in `counts` (task id -> m); each prompt once per step."""
-        new = [tid for tid, m in counts.items() if m > 0]
-        for tid in new:
-            if tid in self._trees:
-                raise ConfigError(f"expected each prompt once per step, got {tid!r} twice; fix: use continuations "
-                                  "(node 0) for more rollouts from a started prompt")
-            if tid not in self.tasks:
-                raise ConfigError(f"expected a task id of the training set, got {tid!r}")
-        for tid in new:
+        starts = bare_starts(counts, self._trees, self.tasks)
+        for tid in dict.fromkeys(tid for tid, _ in starts):
             self.open_tree(tid)
-        return self.run([(tid, 0) for tid in new for _ in range(int(counts[tid]))], seed)
+        return self.run(starts, seed)
 
     def continuations(self, counts: Mapping[tuple[str, int], int], seed: int) -> CollectStats:
         """Start `k` rollouts from each open node in `counts` ((task id, node id) -> k)."""
-        return self.run([(tid, int(node_id)) for (tid, node_id), k in counts.items() for _ in range(max(k, 0))],
-                        seed)
+        return self.run(continuation_starts(counts, self.trees), seed)
 
     # ----------------------------------------------------------------- building blocks (also for Ray workers)
     def open_tree(self, task_id: str) -> RolloutTree:
@@ -187,13 +248,8 @@ class TreeCollector:
         wrapper = self._wrapper()
         task = self.tasks[tree.task_id]
         wrapper.reset(options={"task": task})
-        for snap in wrapper.snapshots.values():
-            snap.release()
-        wrapper.snapshots.clear()
-        wrapper.tree = tree
-        for node in tree:
-            if not node.is_terminal:
-                wrapper.snapshots[node.id] = dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
+        wrapper.adopt(tree, {node.id: dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
+                             for node in tree if not node.is_terminal})
         state = _Tree(wrapper, task)
         for node_id in sorted(set(nodes)):
             _, info = wrapper.branch(node_id)
@@ -210,12 +266,7 @@ class TreeCollector:
         indices = list(range(len(starts))) if indices is None else list(indices)
         if len(indices) != len(starts):
             raise ConfigError(f"expected one index per start, got {len(indices)} for {len(starts)}")
-        for tid, node_id in starts:
-            state = self._trees.get(tid)
-            if state is None:
-                raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
-            if state.wrapper.tree[node_id].is_terminal:  # type: ignore[union-attr]
-                raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
+        check_open(starts, self.trees)
         stats = CollectStats(trajectories=len(starts))
         active = [_Branch(tid, int(node), i) for (tid, node), i in zip(starts, indices)]
         while active:
@@ -270,12 +321,12 @@ class TreeCollector:
         stats.generated_tokens += len(g.token_ids)
         stats.tool_calls += int(info.get("tool_calls", 0) or 0)
         b.turn += 1
-        if terminated or truncated:
-            b.done = True
-            return
         parent_messages = state.messages[b.node]
         messages = list(info["messages"])
         state.messages[node.id] = messages
+        if terminated or truncated:
+            b.done = True
+            return
         if self.tokenizer is not None:
             conv = state.convs[b.node].copy()
             conv.add_action(ids, g.text, g.logprobs or None)

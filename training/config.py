@@ -1,21 +1,30 @@
 """Typed training configs: one dataclass per concern, validated on construction, loaded from YAML with
-``key=value`` overrides (dotted keys, values parsed as YAML: ``optim.lr=1e-4 alloc.allocator=grpo``)."""
+``key=value`` overrides (dotted keys, values parsed as YAML: ``optim.lr=1e-4 alloc.allocator=grpo``).
+
+A mode is a field typed as a ``Literal``: the Literal is the only list of its allowed values, checked for every
+section by `Section` before the section's own `validate`."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
 
 from trace_gym.errors import ConfigError, nearest
 
-from .advantages import ADVANTAGE_METHODS
-from .allocators import ALLOCATORS
+from .advantages import AdvantageMethod
+from .allocators import AllocatorName
+
+TreeSteps = Literal["none", "all", "first_last"]
+"""`log.save_trees` by name (an integer N is the other form)."""
 
 
 def _check(ok: bool, message: str) -> None:
@@ -23,9 +32,43 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+@functools.cache
+def choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """The allowed values of each field of ``cls`` typed as a ``Literal`` (or ``Literal | None``)."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        union = get_origin(hint) is typing.Union or isinstance(hint, types.UnionType)
+        members = get_args(hint) if union else (hint,)
+        literals = [m for m in members if get_origin(m) is Literal]
+        if literals and all(get_origin(m) is Literal or m is type(None) for m in members):
+            out[name] = tuple(v for m in literals for v in get_args(m)) + ((None,) if type(None) in members else ())
+    return out
+
+
+class Section:
+    """Base of the config sections: checks every Literal-typed field, then the section's own `validate`."""
+
+    key: ClassVar[str] = ""
+    """The section's key in TrainConfig ("" for the top level), for error messages."""
+
+    def __post_init__(self) -> None:
+        where = f"{self.key}." if self.key else ""
+        for name, allowed in choices(type(self)).items():
+            value = getattr(self, name)
+            default = next(f.default for f in dataclasses.fields(self) if f.name == name)  # type: ignore[arg-type]
+            _check(value in allowed, f"expected {where}{name} in {allowed}, got {value!r}; "
+                   f"fix: {where}{name}={'null' if default is None else default}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks beyond the allowed values (ranges, relations between fields)."""
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """Which policy to train and where its weights come from."""
+
+    key: ClassVar[str] = "model"
 
     path: str = "runs/model"
     """A local model directory (the tiny model, a Qwen3 checkpoint, ...)."""
@@ -50,25 +93,22 @@ class ModelConfig:
     max_batch_size: int = 64
     """Rows per forward in the transformers generation backend."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check(bool(self.path), "expected model.path to name a model directory, got ''; fix: model.path=runs/model")
-        _check(self.init_size in (None, "nano", "tiny"),
-               f"expected model.init_size in (null, nano, tiny), got {self.init_size!r}; fix: model.init_size=tiny")
-        _check(self.backend in ("hf", "vllm"), f"expected model.backend 'hf' or 'vllm', got {self.backend!r}")
         _check(self.device == "auto" or self.device.startswith(("cpu", "cuda")),
                f"expected model.device 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}; fix: model.device=auto")
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "expected 0 < model.vllm_gpu_memory_utilization <= 1, "
                f"got {self.vllm_gpu_memory_utilization}; fix: model.vllm_gpu_memory_utilization=0.45")
         _check(self.max_batch_size >= 1, f"expected model.max_batch_size >= 1, got {self.max_batch_size}")
-        _check(self.strategy in ("single", "ddp", "fsdp"),
-               f"expected model.strategy 'single', 'ddp' or 'fsdp', got {self.strategy!r}; fix: model.strategy=single")
         _check(self.lora_r >= 0 and self.lora_alpha > 0, f"expected model.lora_r >= 0 and model.lora_alpha > 0, "
                f"got {self.lora_r}, {self.lora_alpha}; fix: model.lora_r=16 model.lora_alpha=32")
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(Section):
     """Warm start by supervised fine-tuning on scripted-expert episodes when the model has no SFT yet."""
+
+    key: ClassVar[str] = "sft"
 
     enabled: bool = False
     """Run SFT first unless `output` already holds a model."""
@@ -85,7 +125,7 @@ class SFTConfig:
     noise: float = 0.0
     """Expert noise (0 = always correct)."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check(self.episodes >= 1 and self.steps >= 1 and self.batch_size >= 1,
                f"expected sft.episodes, sft.steps, sft.batch_size >= 1, got {self.episodes}, {self.steps}, "
                f"{self.batch_size}")
@@ -94,8 +134,10 @@ class SFTConfig:
 
 
 @dataclass
-class EnvConfig:
+class EnvConfig(Section):
     """The environment and how rollouts use it."""
+
+    key: ClassVar[str] = "env"
 
     id: str = "trace/Arithmetic-v0"
     """A registered gymnasium id (`trace-gym envs` lists them)."""
@@ -108,18 +150,18 @@ class EnvConfig:
     workers: int = 4
     """Threads stepping envs in parallel."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check(bool(self.id), "expected env.id, got ''; fix: env.id=trace/Arithmetic-v0")
-        _check(self.snapshot in ("native", "replay"),
-               f"expected env.snapshot 'native' or 'replay', got {self.snapshot!r}; fix: env.snapshot=native")
         _check(self.workers >= 1, f"expected env.workers >= 1, got {self.workers}; fix: env.workers=4")
         _check(isinstance(self.kwargs, dict) and isinstance(self.eval_kwargs, dict),
                "expected env.kwargs and env.eval_kwargs as mappings; fix: env.kwargs={split: train}")
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Section):
     """Sampling during training rollouts."""
+
+    key: ClassVar[str] = "rollout"
 
     temperature: float = 1.0
     """Softmax temperature (> 0: RL needs exploration)."""
@@ -130,7 +172,7 @@ class RolloutConfig:
     max_context: int = 4096
     """A branch stops (truncated, reward 0) when its prompt plus `max_new_tokens` would exceed this."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check(self.temperature > 0, f"expected rollout.temperature > 0, got {self.temperature}; "
                "fix: rollout.temperature=1.0")
         _check(0 < self.top_p <= 1, f"expected 0 < rollout.top_p <= 1, got {self.top_p}")
@@ -141,11 +183,13 @@ class RolloutConfig:
 
 
 @dataclass
-class AllocConfig:
+class AllocConfig(Section):
     """The budget per step and who spends it (TRACE or a baseline)."""
 
-    allocator: str = "trace"
-    """One of training.allocators.ALLOCATORS: trace, grpo, pcl, treepo, the four stage combos, oracle."""
+    key: ClassVar[str] = "alloc"
+
+    allocator: AllocatorName = "trace"
+    """trace, grpo, pcl, treepo or one of the four stage combinations (oracle is the simulation's only)."""
     roots: int = 64
     """M: bare rollouts per step (single-stage allocators spend M·(1+N) as bare rollouts)."""
     multiplier: int = 1
@@ -157,9 +201,7 @@ class AllocConfig:
     cap: int = 16
     """Most rollouts per prompt for active roots."""
 
-    def __post_init__(self) -> None:
-        _check(self.allocator in ALLOCATORS, f"expected alloc.allocator in {ALLOCATORS}, got {self.allocator!r}; "
-               "fix: alloc.allocator=trace")
+    def validate(self) -> None:
         _check(self.allocator != "oracle", "expected an allocator other than 'oracle' for training (it needs true "
                "success probabilities, which only the simulation env has); fix: alloc.allocator=trace")
         _check(self.roots >= 2, f"expected alloc.roots >= 2, got {self.roots}; fix: alloc.roots=64")
@@ -176,8 +218,10 @@ class AllocConfig:
 
 
 @dataclass
-class PredictorConfig:
+class PredictorConfig(Section):
     """The prefix success predictor (allocation only; never in the loss)."""
+
+    key: ClassVar[str] = "predictor"
 
     kind: Literal["features", "hidden"] = "features"
     """Hashed-text logistic model, or a head on the policy's hidden state."""
@@ -186,15 +230,15 @@ class PredictorConfig:
     steps: int = 60
     """Optimiser steps per training step."""
 
-    def __post_init__(self) -> None:
-        _check(self.kind in ("features", "hidden"),
-               f"expected predictor.kind 'features' or 'hidden', got {self.kind!r}; fix: predictor.kind=features")
+    def validate(self) -> None:
         _check(self.lr > 0 and self.steps >= 0, f"expected predictor.lr > 0, steps >= 0, got {self.lr}, {self.steps}")
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Section):
     """The policy update."""
+
+    key: ClassVar[str] = "optim"
 
     lr: float = 1e-6
     """AdamW learning rate."""
@@ -210,7 +254,7 @@ class OptimConfig:
     """Trained nodes per forward/backward (gradient accumulation up to `mini_batch`)."""
     epochs: int = 1
     """Passes over each step's nodes."""
-    advantage: str = "tree_grpo"
+    advantage: AdvantageMethod = "tree_grpo"
     """Advantage estimator: grpo, tree_grpo or tree_value."""
     clip_low: float = 0.2
     """PPO clip below 1."""
@@ -221,7 +265,7 @@ class OptimConfig:
     skip_zero_advantage: bool = True
     """Leave nodes with zero advantage out of the update (they add no gradient, only compute)."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # YAML gives a list
         _check(self.lr > 0, f"expected optim.lr > 0, got {self.lr}; fix: optim.lr=1e-6")
         _check(self.weight_decay >= 0 and self.grad_clip >= 0,
@@ -232,17 +276,16 @@ class OptimConfig:
                f"expected 1 <= optim.micro_batch <= mini_batch, got {self.micro_batch}, {self.mini_batch}; "
                "fix: optim.micro_batch=8")
         _check(self.epochs >= 1, f"expected optim.epochs >= 1, got {self.epochs}")
-        _check(self.advantage in ADVANTAGE_METHODS,
-               f"expected optim.advantage in {ADVANTAGE_METHODS}, got {self.advantage!r}; "
-               "fix: optim.advantage=tree_grpo")
         _check(0 < self.clip_low < 1 and self.clip_high > 0,
                f"expected 0 < optim.clip_low < 1 and clip_high > 0, got {self.clip_low}, {self.clip_high}")
         _check(self.kl_coef >= 0, f"expected optim.kl_coef >= 0, got {self.kl_coef}")
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Section):
     """Held-out evaluation: mean success over `samples` samples of `tasks` prompts."""
+
+    key: ClassVar[str] = "eval"
 
     every: int = 10
     """Evaluate every this many steps (and before the first and after the last; 0: only those two)."""
@@ -253,7 +296,7 @@ class EvalConfig:
     temperature: float = 0.0
     """0 = greedy."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check(self.every >= 0, f"expected eval.every >= 0, got {self.every}")
         _check(self.tasks >= 0 and self.samples >= 1,
                f"expected eval.tasks >= 0 and eval.samples >= 1, got {self.tasks}, {self.samples}")
@@ -261,22 +304,26 @@ class EvalConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Section):
     """When to save (model, optimiser, predictor, RNG states, data position)."""
+
+    key: ClassVar[str] = "checkpoint"
 
     every: int = 50
     """Save every this many steps (and at the end; 0: only at the end)."""
     keep: int = 2
     """Most recent checkpoints kept."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check(self.every >= 0 and self.keep >= 1,
                f"expected checkpoint.every >= 0 and keep >= 1, got {self.every}, {self.keep}")
 
 
 @dataclass
-class LogConfig:
+class LogConfig(Section):
     """Where metrics go: metrics.jsonl always; TensorBoard or W&B when asked and installed."""
+
+    key: ClassVar[str] = "log"
 
     tensorboard: bool = False
     """Also write TensorBoard events (needs `tensorboard`)."""
@@ -286,16 +333,16 @@ class LogConfig:
     """W&B project."""
     progress: bool = True
     """Rich progress bar on the terminal."""
-    save_trees: Literal["none", "all", "first_last"] | int = "none"
+    save_trees: TreeSteps | int = "none"
     """Which steps' trees go to trees.jsonl in the run folder: none, all, first_last, or an integer N (every
     N-th step and the last). YAML true/false read as all/none."""
     plots: bool = True
     """Write PNG plots of the metrics to the run folder's plots/ at the end of training."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         if isinstance(self.save_trees, bool):  # the older boolean form
             self.save_trees = "all" if self.save_trees else "none"
-        ok = self.save_trees in ("none", "all", "first_last") if isinstance(self.save_trees, str) else (
+        ok = self.save_trees in get_args(TreeSteps) if isinstance(self.save_trees, str) else (
             isinstance(self.save_trees, int) and self.save_trees >= 1)
         _check(ok, f"expected log.save_trees none, all, first_last or a step interval N >= 1, got "
                f"{self.save_trees!r}; fix: log.save_trees=first_last (or all, none, 10)")
@@ -312,8 +359,10 @@ class LogConfig:
 
 
 @dataclass
-class RayConfig:
+class RayConfig(Section):
     """Rollout workers on Ray (`distributed: ray`): where they run and how many there are."""
+
+    key: ClassVar[str] = "ray"
 
     address: str | None = None
     """An existing cluster ("auto", "ray://head:10001"); null starts a local one."""
@@ -328,7 +377,7 @@ class RayConfig:
     init: dict[str, Any] = field(default_factory=dict)
     """Extra `ray.init` keyword arguments (num_cpus, _temp_dir, runtime_env, ...)."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check(self.workers >= 1 and self.env_threads >= 1, f"expected ray.workers >= 1 and ray.env_threads >= 1, "
                f"got {self.workers}, {self.env_threads}; fix: ray.workers=2")
         _check(self.cpus_per_worker >= 0 and self.gpus_per_worker >= 0, f"expected non-negative "
@@ -338,8 +387,10 @@ class RayConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """The whole run."""
+
+    key: ClassVar[str] = ""
 
     run_dir: str = "runs/run"
     """Output folder: config, metrics, checkpoints, summary."""
@@ -361,9 +412,7 @@ class TrainConfig:
     """Where rollouts run: in this process ("none") or on Ray actors ("ray", see `ray`)."""
     ray: RayConfig = field(default_factory=RayConfig)
 
-    def __post_init__(self) -> None:
-        _check(self.distributed in ("none", "ray"),
-               f"expected distributed 'none' or 'ray', got {self.distributed!r}; fix: distributed=none")
+    def validate(self) -> None:
         _check(self.steps >= 0, f"expected steps >= 0, got {self.steps}")
         _check(bool(self.run_dir), "expected run_dir, got ''; fix: run_dir=runs/my-run")
 

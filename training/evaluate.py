@@ -1,43 +1,205 @@
-"""Held-out evaluation: mean success over k samples per prompt of an env's evaluation split."""
+"""Held-out evaluation: bare rollouts through a `TreeCollector`, per-prompt outcomes and 95% intervals.
+
+`evaluate(collector, tasks, samples, seed)` plays ``samples`` episodes of every task and returns an
+`EvalResult`: per task the reward, turns and stop reason of each sample, the mean success with a 95%
+interval over prompts, and the trees when asked (for the viewer). `paired_difference(before, after)` compares
+two evaluations of the same prompts by their per-prompt differences, which removes the prompts' own spread
+from the interval (the way to tell whether training changed anything).
+
+Choices:
+1. A sample succeeds when its reward is > 0 (rewards are binary by default); a prompt's score is the mean
+   over its samples, and intervals are Student-t over prompts (prompts are the independent draws; samples of
+   one prompt are not).
+2. Prompts are played ``chunk`` at a time (default 64) through one collector step each, so at most that many
+   envs are open; chunk c samples with seed ``sample_seed(seed, c, 0)``. Callers pass a fresh ``seed`` per
+   evaluation (the trainer derives it from (run seed, step)), so repeated evaluations do not reuse draws.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
+from trace_gym.agents.policy import Policy, SamplingParams, sample_seed
 from trace_gym.errors import ConfigError
+from trace_gym.tasks import Task
+from trace_gym.tree import Node, RolloutTree
 
+from .collector import TreeCollector
 from .config import TrainConfig
+from .metrics import mean_ci95
 
 
-def evaluate_policy(policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Any], samples: int,
-                    temperature: float, max_new_tokens: int, seed: int, tokenizer: Any = None,
-                    max_context: int = 4096) -> dict[str, float]:
-    """`eval/success` (mean reward > 0), `eval/episodes`, `eval/turns` for `samples` episodes per task."""
-    import numpy as np
+@dataclass(frozen=True)
+class TaskOutcome:
+    """One prompt's samples: reward, turns and the env's stop reason of each."""
 
-    from trace_gym.agents.policy import SamplingParams
-    from trace_gym.agents.rollout import play_episodes, success_rate
+    task_id: str
+    rewards: tuple[float, ...]
+    turns: tuple[int, ...]
+    stop_reasons: tuple[str, ...]
 
-    resets = [{"options": {"task": t}} for t in tasks for _ in range(samples)]
-    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    episodes = play_episodes(policy, make_env, resets, sampling, tokenizer=tokenizer, max_context=max_context,
-                             parallel=64)
-    return {"eval/success": success_rate(episodes), "eval/episodes": float(len(episodes)),
-            "eval/turns": float(np.mean([e.turns for e in episodes])) if episodes else 0.0}
+    @property
+    def success(self) -> float:
+        """Share of this prompt's samples that succeeded (choice 1)."""
+        return float(np.mean([r > 0 for r in self.rewards])) if self.rewards else float("nan")
+
+    def row(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "success": self.success, "rewards": list(self.rewards),
+                "turns": list(self.turns), "stop_reasons": list(self.stop_reasons)}
 
 
-def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None) -> dict[str, Any]:
-    """Evaluate the config's model (the SFT output when SFT is enabled) or a checkpoint's on the held-out split."""
+@dataclass
+class EvalResult:
+    """Per-prompt outcomes of one evaluation (``seed`` drew its samples), and its trees when kept."""
+
+    tasks: list[TaskOutcome]
+    seed: int
+    trees: list[RolloutTree] = field(default_factory=list)
+
+    @property
+    def episodes(self) -> int:
+        return sum(len(t.rewards) for t in self.tasks)
+
+    @property
+    def success(self) -> float:
+        """Mean over prompts of each prompt's success (the mean over episodes when samples are equal)."""
+        return mean_ci95([t.success for t in self.tasks])[0]
+
+    def interval(self) -> tuple[float, float]:
+        """95% interval of `success` over prompts (NaN bounds below two prompts)."""
+        mean, half, _ = mean_ci95([t.success for t in self.tasks])
+        return mean - half, mean + half
+
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        lo, hi = self.interval()
+        turns = [n for t in self.tasks for n in t.turns]
+        return {f"{prefix}success": self.success, f"{prefix}success_lo": lo, f"{prefix}success_hi": hi,
+                f"{prefix}episodes": float(self.episodes), f"{prefix}turns": float(np.mean(turns)) if turns else 0.0}
+
+    def write(self, rows: str | Path, trees: str | Path | None = None) -> None:
+        """Per-task rows as JSONL to ``rows``; the kept trees (the viewer's input) to ``trees`` when given."""
+        Path(rows).write_text("".join(json.dumps(t.row()) + "\n" for t in self.tasks))
+        if trees is not None:
+            Path(trees).write_text("".join(t.to_json() + "\n" for t in self.trees))
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """after - before over the same prompts: mean gain, its 95% interval from per-prompt differences, n prompts."""
+
+    mean: float
+    lo: float
+    hi: float
+    tasks: int
+
+
+def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference:
+    """The per-prompt success differences of two evaluations of the same prompts, summarised."""
+    b = {t.task_id: t.success for t in before.tasks}
+    a = {t.task_id: t.success for t in after.tasks}
+    if set(a) != set(b):
+        raise ConfigError(f"expected two evaluations of the same prompts, got {len(set(a) ^ set(b))} prompts in "
+                          "only one; fix: evaluate both on the same task list")
+    mean, half, n = mean_ci95([a[tid] - b[tid] for tid in b])
+    return PairedDifference(mean, mean - half, mean + half, n)
+
+
+def _outcome(tree: RolloutTree) -> TaskOutcome:
+    leaves = tree.leaves()
+    return TaskOutcome(tree.task_id, tuple(float(n.reward) for n in leaves), tuple(n.depth for n in leaves),
+                       tuple(_stop_reason(n) for n in leaves))
+
+
+def _stop_reason(leaf: Node) -> str:
+    reason = leaf.info.get("stop_reason")
+    return str(reason) if reason else ("max_turns" if leaf.truncated else "terminated")
+
+
+def rollout_chunks(collector: TreeCollector, counts: Mapping[str, int], seed: int, chunk: int = 64
+                   ) -> Iterator[dict[str, RolloutTree]]:
+    """Bare rollouts of ``counts`` (task id -> samples), ``chunk`` prompts per collector step (choice 2);
+    yields each chunk's trees, which stay valid after the next chunk starts."""
+    ids = [tid for tid, m in counts.items() if m > 0]
+    for c, start in enumerate(range(0, len(ids), chunk)):
+        collector.begin_step()
+        collector.bare_rollouts({tid: counts[tid] for tid in ids[start:start + chunk]}, sample_seed(seed, c, 0) or 0)
+        yield collector.trees
+
+
+def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed: int,
+             keep_trees: bool = False) -> EvalResult:
+    """``samples`` episodes of each task through ``collector`` (built on the evaluation env and its tasks)."""
+    if samples < 1:
+        raise ConfigError(f"expected samples >= 1, got {samples}")
+    outcomes: list[TaskOutcome] = []
+    trees: list[RolloutTree] = []
+    for part in rollout_chunks(collector, {t.id: samples for t in tasks}, seed):
+        outcomes.extend(_outcome(tree) for tree in part.values())
+        if keep_trees:
+            trees.extend(part.values())
+    return EvalResult(outcomes, seed, trees)
+
+
+def eval_collector(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task], cfg: TrainConfig,
+                   tokenizer: Any = None) -> TreeCollector:
+    """A collector for held-out evaluation as ``cfg.eval`` asks (its temperature; replay snapshots, which cost
+    nothing when no rollout branches)."""
+    sampling = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
+    return TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay", cfg.env.workers,
+                         cfg.rollout.max_context)
+
+
+def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task] | int | None = None,
+                    samples: int = 1, sampling: SamplingParams | None = None, seed: int = 0,
+                    keep_trees: bool = False, workers: int = 4, max_context: int = 4096) -> EvalResult:
+    """Any policy on an env: ``samples`` episodes of each of ``tasks`` (the env's tasks, all of them by default
+    or the first ``tasks`` when an int) through a fresh `TreeCollector`. Token ids are recorded exactly when
+    the policy has a tokenizer (a scripted expert plays on messages)."""
+    from trace_gym.agents.scripted import ExpertPolicy
+
+    from .builders import dataset_of
+
+    chosen = list(tasks) if isinstance(tasks, Sequence) else dataset_of(make_env)[:tasks]
+    tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
+    collector = TreeCollector(policy, make_env, chosen, sampling or SamplingParams(), tokenizer, "replay", workers,
+                              max_context)
+    try:
+        return evaluate(collector, chosen, samples, seed, keep_trees)
+    finally:
+        collector.close()
+
+
+def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed: int | None = None,
+                    keep_trees: bool = False) -> EvalResult:
+    """Evaluate the config's model (the SFT output when SFT is enabled) or a checkpoint's on the held-out split
+    (`cfg.eval`: tasks, samples, temperature); ``seed`` defaults to the config's."""
     import torch
 
     from trace_gym.agents.hf import HFPolicy
+    from trace_gym.env_specs import env_factory
 
+    from .builders import dataset_of, resolve_device
+
+    model_path = evaluated_model(cfg, checkpoint)
+    make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
+    tasks = dataset_of(make_env)[:cfg.eval.tasks]
+    policy = HFPolicy.from_pretrained(model_path, device=resolve_device(cfg.model.device), dtype=torch.float32)
+    sampling = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
+    return evaluate_policy(policy, make_env, tasks, cfg.eval.samples, sampling, cfg.seed if seed is None else seed,
+                           keep_trees, cfg.env.workers, cfg.rollout.max_context)
+
+
+def evaluated_model(cfg: TrainConfig, checkpoint: str | Path | None = None) -> Path:
+    """The model folder `evaluate_config` loads: a checkpoint's (a run folder's latest), else the SFT output
+    when SFT is enabled, else ``model.path``."""
     from .checkpoint import latest_checkpoint
-    from .trainer import dataset_of, make_env_factory, resolve_device
 
     if checkpoint is not None:
         ckpt = Path(checkpoint)
@@ -51,10 +213,4 @@ def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None) -> d
     if not (model_path / "config.json").is_file():
         raise ConfigError(f"expected a model folder at {str(model_path)!r}, got none; fix: train first or pass "
                           "--checkpoint")
-    make_env = make_env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-    tasks = dataset_of(make_env)[:cfg.eval.tasks]
-    policy = HFPolicy.from_pretrained(model_path, device=resolve_device(cfg.model.device), dtype=torch.float32)
-    out = evaluate_policy(policy, make_env, tasks, cfg.eval.samples, cfg.eval.temperature,
-                          cfg.rollout.max_new_tokens, cfg.seed, policy.tokenizer, cfg.rollout.max_context)
-    return {"env": cfg.env.id, "model": str(model_path), "tasks": len(tasks), "samples": cfg.eval.samples,
-            "success": out["eval/success"], "episodes": int(out["eval/episodes"])}
+    return model_path

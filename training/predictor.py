@@ -32,7 +32,7 @@ import numpy as np
 
 from trace_gym.errors import ConfigError
 
-from .allocation import bottom_up_values
+from .advantages import tree_values
 
 _WORD = re.compile(r"\w+|[^\w\s]")  # words and single symbols: operators and brackets carry difficulty
 
@@ -79,12 +79,8 @@ def training_examples(trees: Sequence[Any]) -> tuple[list[Prefix], np.ndarray, n
     targets: list[float] = []
     weights: list[float] = []
     for tree in trees:
-        nodes = tree.nodes
-        parents = np.array([-1 if n.parent is None else n.parent for n in nodes])
-        rewards = np.array([n.reward for n in nodes], dtype=np.float64)
-        leaf = np.array([n.is_terminal and not n.children for n in nodes])
-        values, counts = bottom_up_values(parents, rewards, leaf)
-        for n in nodes:
+        values, counts = tree_values(tree)
+        for n in tree.nodes:
             if not n.is_terminal and counts[n.id] > 0:
                 prefixes.append(Prefix.from_tree(tree, n.id))
                 targets.append(float(values[n.id]))

@@ -1,8 +1,8 @@
 """Tree rollouts on Ray: actors each own a pool of envs and a policy (a vLLM engine on GPU clusters); the
 driver dispatches roots and branches and gathers the trees.
 
-`RayTreeCollector` has `TreeCollector`'s interface (`begin_step`, `bare_rollouts({task: m})`,
-`continuations({(task, node): k})`, `trees`, `close`), so the trainer switches with `distributed: ray`.
+`RayTreeCollector` is a `Collector` (collector.py) like `TreeCollector`, so the trainer switches with
+`distributed: ray`.
 
 Choices:
 1. The unit of placement is a tree: a prompt's tree lives on one worker for the step, and its continuations go
@@ -34,7 +34,7 @@ from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
 
-from .collector import CollectStats, TreeCollector
+from .collector import CollectStats, TreeCollector, bare_starts, continuation_starts
 from .config import RayConfig
 
 __all__ = ["EnvExpert", "RayConfig", "RayTreeCollector", "RolloutWorker", "init_ray"]
@@ -127,10 +127,7 @@ class RolloutWorker:
         return (*self.collector.export(touched), stats)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        update = getattr(self.policy, "update_weights", None)
-        if update is None:
-            raise ConfigError(f"expected a policy with update_weights(state_dict), got {type(self.policy).__name__}")
-        update(dict(state_dict))
+        self.collector.update_weights(state_dict)
 
     def close(self) -> None:
         self.collector.close()
@@ -138,8 +135,8 @@ class RolloutWorker:
 
 # --------------------------------------------------------------------------------------------- the driver
 class RayTreeCollector:
-    """`TreeCollector`'s interface over Ray actors (see the module docstring). ``make_policy`` and ``make_env``
-    are called on the workers, so they must pickle (module-level functions, `functools.partial`, classes)."""
+    """A `Collector` over Ray actors (see the module docstring). ``make_policy`` and ``make_env`` are called on
+    the workers, so they must pickle (module-level functions, `functools.partial`, classes)."""
 
     def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
                  sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
@@ -178,33 +175,16 @@ class RayTreeCollector:
 
     def bare_rollouts(self, counts: Mapping[str, int], seed: int) -> CollectStats:
         """Start ``m`` rollouts at the root of each task in ``counts``; each prompt once per step."""
-        new = [tid for tid, m in counts.items() if m > 0]
-        for tid in new:
-            if tid in self._trees or tid in self._owner:
-                raise ConfigError(f"expected each prompt once per step, got {tid!r} twice; fix: use continuations "
-                                  "(node 0) for more rollouts from a started prompt")
-            if tid not in self.tasks:
-                raise ConfigError(f"expected a task id of the training set, got {tid!r}")
-        starts: list[Start] = []
-        for tid in new:
-            starts.extend([(tid, 0, len(starts) + j) for j in range(int(counts[tid]))])
+        starts = bare_starts(counts, {*self._trees, *self._owner}, self.tasks)
+        new = list(dict.fromkeys(tid for tid, _ in starts))
         for tid in new:
             self._place(tid, int(counts[tid]))
-        return self._dispatch(starts, seed, opens=set(new))
+        return self._dispatch([(tid, node, i) for i, (tid, node) in enumerate(starts)], seed, opens=set(new))
 
     def continuations(self, counts: Mapping[tuple[str, int], int], seed: int) -> CollectStats:
         """Start ``k`` rollouts from each open node in ``counts`` ((task id, node id) -> k)."""
-        starts: list[Start] = []
-        for (tid, node_id), k in counts.items():
-            if k <= 0:
-                continue
-            tree = self._trees.get(tid)
-            if tree is None:
-                raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
-            if tree[node_id].is_terminal:
-                raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
-            starts.extend([(tid, int(node_id), len(starts) + j) for j in range(int(k))])
-        return self._dispatch(starts, seed, opens=set())
+        starts = continuation_starts(counts, self._trees)
+        return self._dispatch([(tid, node, i) for i, (tid, node) in enumerate(starts)], seed, opens=set())
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Push new weights to every live worker's policy (one object-store copy shared by all)."""

@@ -8,20 +8,22 @@ probability of any prefix with t moves, g of them good, is exact:
 The prompt names the goal and a terrain word that hints at ``p_good`` (right 70% of the time), so a text
 predictor can learn difficulty beyond memorising task ids.
 
-``simulate_step`` runs allocate -> bare rollouts -> predictor -> expand -> targets -> calibration -> fit ->
-metrics on ``RolloutTree``s at thousands of trajectories per second; benchmarks reuse it.
+``SimCollector`` is a `Collector` that plays the scripted policy on ``RolloutTree``s directly, at thousands of
+trajectories per second, and knows every prefix's exact value (the oracle allocator's input); the step
+itself is the trainer's (`step.take_step`), and ``run_simulation`` loops it over fresh candidate pools.
 
 Deviations and choices where the paper is silent:
 1. The environment is synthetic: the policy is scripted and never learns, so the loop measures allocation
    quality (effective ratio, contrastive pairs, calibration) at a fixed policy, not learning speed.
 2. The predictor is fit on each step's fresh trees after its calibration on them is recorded.
+3. The collector plays each started rollout to its end before the next (there is no batched generation to
+   keep in lockstep); rollout i of a stage call draws its moves from ``default_rng([seed, i])``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,9 +34,10 @@ from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
 
 from .advantages import AdvantageMethod
-from .allocators import Allocator, StepBudget, expand_counts
-from .metrics import brier, calibration_metrics, tree_metrics
-from .predictor import Predictor, Prefix, training_examples
+from .allocators import Allocator, StepBudget
+from .collector import CollectStats, bare_starts, continuation_starts
+from .predictor import Predictor, Prefix
+from .step import take_step
 
 TERRAIN = ("treacherous", "rocky", "hilly", "gentle", "flat")  # low to high p_good
 GOOD_ACTION = "move {t}: take the safe path"
@@ -136,96 +139,70 @@ class SimEnv(TextEnv):
         return value_at(self.task, self.moves, self.good)
 
 
-# ----------------------------------------------------------------- the LLM-free allocation loop
-def _rollout(tree: RolloutTree, task: Task, node_id: int, state: dict[int, tuple[int, int]],
-             rng: np.random.Generator) -> int:
-    """Play the scripted policy from ``node_id`` to the end; returns the leaf id."""
-    moves, good = state[node_id]
-    while True:
-        action = scripted_action(task, moves, rng)
-        is_good = _is_good(action)
-        obs, reward, terminated, moves, good = move(task, moves, good, is_good)
-        info = {"tokens": len(action.split())} if is_good else {"tokens": len(action.split()), "error": "dead end"}
-        node = tree.add(node_id, action, obs, reward, terminated, False, info)
-        state[node.id] = (moves, good)
-        node_id = node.id
-        if terminated:
-            return node_id
+# ----------------------------------------------------------------- the LLM-free collector and loop
+class SimCollector:
+    """A `Collector` (collector.py) of the synthetic task with exact values (`true_values`); see choice 3."""
+
+    def __init__(self, tasks: Sequence[Task]):
+        self.tasks = {t.id: t for t in tasks}
+        self._trees: dict[str, RolloutTree] = {}
+        self._states: dict[str, dict[int, tuple[int, int]]] = {}  # per tree: node id -> (moves, good)
+
+    @property
+    def trees(self) -> dict[str, RolloutTree]:
+        return dict(self._trees)
+
+    def begin_step(self) -> None:
+        self._trees.clear()
+        self._states.clear()
+
+    def bare_rollouts(self, counts: Mapping[str, int], seed: int) -> CollectStats:
+        starts = bare_starts(counts, self._trees, self.tasks)
+        for tid in dict.fromkeys(tid for tid, _ in starts):
+            self._trees[tid] = RolloutTree(tid, self.tasks[tid].prompt)
+            self._states[tid] = {0: (0, 0)}
+        return self._run(starts, seed)
+
+    def continuations(self, counts: Mapping[tuple[str, int], int], seed: int) -> CollectStats:
+        return self._run(continuation_starts(counts, self._trees), seed)
+
+    def true_values(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        """Exact success probability of the scripted policy after each prefix."""
+        return np.array([true_value(self.tasks[p.task_id], [a for a, _ in p.turns]) for p in prefixes])
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        raise ConfigError("expected a collector whose policy has weights, got the simulation's scripted policy; "
+                          "fix: train on a real env (the simulation measures allocation at a fixed policy)")
+
+    def close(self) -> None:
+        self.begin_step()
+
+    def _run(self, starts: Sequence[tuple[str, int]], seed: int) -> CollectStats:
+        stats = CollectStats(trajectories=len(starts))
+        for i, (tid, node_id) in enumerate(starts):
+            self._play(tid, node_id, np.random.default_rng([seed, i]), stats)
+        return stats
+
+    def _play(self, tid: str, node_id: int, rng: np.random.Generator, stats: CollectStats) -> None:
+        """The scripted policy from ``node_id`` to the end of the episode."""
+        tree, state, task = self._trees[tid], self._states[tid], self.tasks[tid]
+        moves, good = state[node_id]
+        terminated = False
+        while not terminated:
+            action = scripted_action(task, moves, rng)
+            is_good = _is_good(action)
+            obs, reward, terminated, moves, good = move(task, moves, good, is_good)
+            info: dict[str, Any] = {"tokens": len(action.split())}
+            if not is_good:
+                info["error"] = "dead end"
+            node = tree.add(node_id, action, obs, reward, terminated, False, info)
+            state[node.id] = (moves, good)
+            node_id = node.id
+            stats.env_steps += 1
+            stats.generated_tokens += info["tokens"]
 
 
-def _values(allocator: Allocator, predictor: Predictor, tasks: Sequence[Task], prefixes: Sequence[Prefix],
-            states: Sequence[tuple[int, int]]) -> np.ndarray:
-    if allocator.oracle:
-        return np.array([value_at(t, m, g) for t, (m, g) in zip(tasks, states)])
-    return predictor.predict(prefixes)
-
-
-@dataclass
-class SimStep:
-    """One simulated step: the trees, the metrics, and the pool indices with their root counts."""
-
-    trees: list[RolloutTree]
-    metrics: dict[str, Any]
-    roots: dict[int, int]
-
-
-def simulate_step(allocator: Allocator, predictor: Predictor, pool: Sequence[Task], budget: StepBudget,
-                  rng: np.random.Generator, advantage: AdvantageMethod = "tree_grpo") -> SimStep:
-    """allocate -> bare rollouts -> predictor -> expand -> targets -> calibration -> fit, on the sim task."""
-    root_states = [(0, 0)] * len(pool)
-    root_prefixes = [Prefix(t.id, t.prompt) for t in pool]
-    values = (_values(allocator, predictor, pool, root_prefixes, root_states) if allocator.needs_root_values
-              else np.full(len(pool), 0.5))
-    roots = allocator.allocate_roots(values, allocator.root_budget(budget), rng)
-
-    trees: list[RolloutTree] = []
-    sim_states: list[dict[int, tuple[int, int]]] = []  # per tree: node id -> (moves, good)
-    for index, m in roots.items():
-        task = pool[index]
-        tree = RolloutTree(task.id, task.prompt)
-        state = {0: (0, 0)}
-        leaves = [_rollout(tree, task, 0, state, rng) for _ in range(m)]
-        # Open prefixes: non-terminal nodes of depth >= 1 on the bare rollouts, with their rollout's reward.
-        open_ids, rewards = [], []
-        for leaf in leaves:
-            for node in tree.path(leaf)[1:-1]:
-                open_ids.append(node.id)
-                rewards.append(tree.nodes[leaf].reward)
-        prefix_budget = allocator.prefix_budget(m, budget)
-        if allocator.needs_prefix_values and open_ids:
-            pv = _values(allocator, predictor, [task] * len(open_ids),
-                         [Prefix.from_tree(tree, i) for i in open_ids], [state[i] for i in open_ids])
-        else:
-            pv = np.full(len(open_ids), 0.5)
-        counts, root_extra = expand_counts(allocator, np.array(rewards, dtype=np.float64), pv, prefix_budget, rng)
-        for node_id, k in zip(open_ids, counts):
-            tree.nodes[node_id].meta["continuations"] = int(k)
-            for _ in range(k):
-                _rollout(tree, task, node_id, state, rng)
-        for _ in range(root_extra):
-            _rollout(tree, task, 0, state, rng)
-        tree.root.meta.update({"roots": m, "root_value": float(values[index]), "root_extra": root_extra})
-        trees.append(tree)
-        sim_states.append(state)
-
-    metrics: dict[str, Any] = dict(tree_metrics(trees, advantage))
-    metrics["alloc/budget"] = float(budget.total)
-    metrics["alloc/budget_used"] = metrics["rollout/trajectories"]
-    metrics["alloc/pool_true_mixed"] = _pool_mixed_mass(pool)
-    prefixes, targets, weights = training_examples(trees)
-    if prefixes:
-        # training_examples lists the non-terminal nodes tree by tree in id order; here all have leaves.
-        truth = np.array([value_at(pool[index], *state[node.id])
-                          for tree, state, index in zip(trees, sim_states, roots)
-                          for node in tree.nodes if not node.is_terminal])
-        pred = predictor.predict(prefixes)
-        metrics.update(calibration_metrics(pred, targets, weights))
-        metrics["predictor/brier_true"] = brier(pred, truth, weights)
-        metrics.update(predictor.fit(prefixes, targets, weights))
-    return SimStep(trees, metrics, roots)
-
-
-def _pool_mixed_mass(pool: Sequence[Task]) -> float:
+def pool_mixed_mass(pool: Sequence[Task]) -> float:
     """Mean over the pool of 2·v(1-v), the chance that a pair of rollouts is mixed (how much signal exists)."""
     v = np.array([value_at(t, 0, 0) for t in pool])
     return float(np.mean(2 * v * (1 - v)))
@@ -238,8 +215,12 @@ def run_simulation(allocator: Allocator, predictor: Predictor, tasks: Sequence[T
     if pool_size > len(tasks):
         raise ConfigError(f"expected pool_size <= {len(tasks)} tasks, got {pool_size}")
     rng = np.random.default_rng(seed)
+    collector = SimCollector(tasks)
     history = []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         pool = [tasks[i] for i in rng.choice(len(tasks), size=pool_size, replace=False)]
-        history.append(simulate_step(allocator, predictor, pool, budget, rng, advantage).metrics)
+        metrics = take_step(collector, allocator, predictor, pool, budget, seed=seed, step=step,
+                            advantage=advantage).metrics
+        metrics["alloc/pool_true_mixed"] = pool_mixed_mass(pool)
+        history.append(metrics)
     return history

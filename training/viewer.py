@@ -7,13 +7,10 @@ other than ``step`` are shown as the tree's metadata. A directory stands for the
 The page has no network dependency: the data, script and style are inlined, the tree is drawn as SVG by the
 page's own script, and every string is inserted as text (never as markup).
 
-Node keys the viewer reads from ``node.meta`` (written by the trainer):
-- ``meta["predicted"]``: the predictor's Ṽ(H) for the prefix ending at this node (float in [0, 1]).
-- ``meta["alloc"]``: the allocation decision taken at this node, ``{"continuations": k, "utility": u,
-  "stage": "prefix" | "root"}``; ``k`` continuations (stage "prefix") or ``k`` root rollouts (stage "root")
-  were spent here, chosen by utility ``u``.
-Older writers' keys are read as fallbacks: ``meta["value"]`` for ``predicted`` and ``meta["continuations"]`` for
-``alloc`` (stage "prefix", utility unknown). Any other ``meta`` keys are listed in the side panel as they are.
+Node annotations: the schema of `annotations.py` (``predicted``, ``alloc``, ``root_extra``, ``advantage`` in
+``node.meta``), which the trainer, the simulation and the benchmarks all write from the stages' records; any
+other ``meta`` keys are listed in the side panel as they are. V̂ (the mean leaf reward under a node) is
+computed from the tree itself (`advantages.tree_values`).
 
 A leaf counts as a success when its reward is at least 0.5 (rewards are binary by default). A node is coloured
 success / failure / mixed by the finished leaves under it, grey when none has finished.
@@ -32,6 +29,8 @@ from typing import Any
 
 from trace_gym.errors import ConfigError
 from trace_gym.tree import RolloutTree
+
+from .advantages import tree_values
 
 __all__ = ["TreeRecord", "load_trees", "page_data", "render_html", "split_action", "write_viewer"]
 
@@ -152,39 +151,34 @@ def _finite(x: Any) -> float | None:
 def _tree_data(record: TreeRecord, systems: dict[str, int]) -> dict[str, Any]:
     tree = record.tree
     n = len(tree.nodes)
+    values, _ = tree_values(tree)
     wins, losses = [0] * n, [0] * n
-    reward_sum = [0.0] * n
     # Children always have larger ids than their parent (RolloutTree.add appends), so one reverse pass suffices.
     for node in reversed(tree.nodes):
         if node.is_terminal:
             win = node.reward >= SUCCESS_THRESHOLD
             wins[node.id] += win
             losses[node.id] += not win
-            reward_sum[node.id] += node.reward
         if node.parent is not None:
             wins[node.parent] += wins[node.id]
             losses[node.parent] += losses[node.id]
-            reward_sum[node.parent] += reward_sum[node.id]
     tools = _tool_names(tree)
     nodes = []
     for node in tree.nodes:
-        leaves = wins[node.id] + losses[node.id]
         info = {k: v for k, v in node.info.items() if k not in ("messages", "tools")}
         meta = dict(node.meta)
-        predicted = meta.pop("predicted", None)
-        predicted = meta.pop("value", None) if predicted is None else predicted
-        alloc = meta.pop("alloc", None)
-        if alloc is None and isinstance(meta.get("continuations"), int):
-            alloc = {"continuations": meta.pop("continuations"), "utility": None, "stage": "prefix"}
+        predicted, alloc = meta.pop("predicted", None), meta.pop("alloc", None)
+        advantage, root_extra = meta.pop("advantage", None), meta.pop("root_extra", None)
         nodes.append({
             "id": node.id, "parent": node.parent, "depth": node.depth, "children": node.children,
             "action": node.action, "parts": split_action(node.action, tools) if node.action else None,
             "observation": node.observation, "reward": node.reward,
             "terminated": node.terminated, "truncated": node.truncated,
             "wins": wins[node.id], "losses": losses[node.id],
-            "value": reward_sum[node.id] / leaves if leaves else None,
+            "value": _finite(values[node.id]),
             "predicted": _finite(predicted),
             "alloc": alloc if isinstance(alloc, dict) else None,
+            "advantage": _finite(advantage), "root_extra": root_extra if isinstance(root_extra, int) else None,
             "tokens": len(node.token_ids) if node.token_ids is not None else info.get("tokens"),
             "info": info, "meta": {k: _short(v) for k, v in meta.items()},
         })

@@ -8,7 +8,7 @@ the observation. After the last turn the episode terminates with reward 1 iff ev
 Where this deviates from BFCL's inference loop (bfcl_eval/model_handler/base_handler.py), and why:
 1. A turn that attempts calls but cannot be decoded (bad JSON, a non-literal argument, a callee that is not a
    name) gets an error observation and the user turn goes on; BFCL ends the user turn on a decode failure.
-   An RL env should let the model fix a malformed call (DESIGN: model mistakes are error observations).
+   An RL env should let the model fix a malformed call (docs/design.md: model mistakes are error observations).
 2. Calls run by direct method lookup on the entry's backend instances, after a jsonschema check of argument
    names, required arguments and enums (types are left to the backend, as BFCL's eval does); nothing is
    eval-ed. As in BFCL, a miss_func held-out function is hidden from the prompt but still callable: BFCL's

@@ -1,4 +1,6 @@
-"""Supervised warm start: assistant-only loss, loss falls, held-out success rises above the untrained model's."""
+"""Supervised fine-tuning: assistant-only loss, loss falls, held-out success rises above the untrained model's.
+
+The expert episodes and the held-out evaluation come from trace_gym.training (the rollout collector)."""
 
 from __future__ import annotations
 
@@ -8,21 +10,14 @@ import torch
 from tests.agents.calc_env import CalcEnv
 from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.policy import SamplingParams
-from trace_gym.agents.scripted import ExpertPolicy
-from trace_gym.agents.sft import SFTConfig, collect_expert_episodes, evaluate, masked_lm_loss, sft, to_sequences
+from trace_gym.agents.sft import SFTSettings, masked_lm_loss, sft, to_sequences
 from trace_gym.agents.tiny import build_tiny_model
+from trace_gym.training.warm_start import collect_expert_episodes, held_out_eval
 
 
 @pytest.fixture(scope="module")
 def calc_data():
     return collect_expert_episodes(lambda: CalcEnv("train", digits=1), 200)
-
-
-def test_expert_episodes_are_successful_tool_then_answer_chats(calc_data):
-    assert len(calc_data) == 200
-    roles = [m["role"] for m in calc_data[0]]
-    assert roles == ["system", "user", "assistant", "tool", "assistant"]
-    assert calc_data[0][-1]["content"] == f"<answer>{calc_data[0][3]['content']}</answer>"
 
 
 def test_loss_counts_only_assistant_targets(nano_policy, calc_data):
@@ -39,16 +34,10 @@ def test_loss_counts_only_assistant_targets(nano_policy, calc_data):
 
 def test_sft_loss_falls(tmp_path, calc_data):
     model_dir = build_tiny_model(tmp_path / "m", size="nano", seed=0)
-    result = sft(model_dir, calc_data, tmp_path / "out", SFTConfig(steps=30, batch_size=8, warmup_steps=5),
+    result = sft(model_dir, calc_data, tmp_path / "out", SFTSettings(steps=30, batch_size=8, warmup_steps=5),
                  progress=False)
     assert len(result.losses) == 30 and (tmp_path / "out" / "model.safetensors").is_file()
     assert sum(result.losses[-5:]) / 5 < 0.6 * result.losses[0]
-
-
-def test_expert_policy_solves_held_out_tasks():
-    env = CalcEnv("test", n=20)
-    rate, eps = evaluate(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=20), n=20)
-    assert rate == 1.0 and all(ep.stop_reason == "answer" for ep in eps)
 
 
 @pytest.mark.slow
@@ -59,8 +48,8 @@ def test_sft_raises_held_out_success_above_the_untrained_model(tmp_path, calc_da
         return CalcEnv("test", n=40, digits=1)
 
     model_dir = build_tiny_model(tmp_path / "m", size="nano", seed=0)
-    before, _ = evaluate(HFPolicy.from_pretrained(model_dir), held_out, n=40, sampling=greedy)
-    sft(model_dir, calc_data, tmp_path / "out", SFTConfig(steps=300, batch_size=16, lr=3e-3, warmup_steps=10),
+    before = held_out_eval(HFPolicy.from_pretrained(model_dir), held_out, n=40, sampling=greedy).success
+    sft(model_dir, calc_data, tmp_path / "out", SFTSettings(steps=300, batch_size=16, lr=3e-3, warmup_steps=10),
         progress=False)
-    after, _ = evaluate(HFPolicy.from_pretrained(tmp_path / "out"), held_out, n=40, sampling=greedy)
+    after = held_out_eval(HFPolicy.from_pretrained(tmp_path / "out"), held_out, n=40, sampling=greedy).success
     assert after > before and after >= 0.2

@@ -10,11 +10,11 @@ from tests.agents.openai_server import ScriptedServer
 from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.openai_backend import OpenAIPolicy
 from trace_gym.agents.policy import Request, SamplingParams
-from trace_gym.agents.rollout import play_episodes, success_rate
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.agents.specs import PolicyOptions, check_model_folder, policy_from_spec
 from trace_gym.env_specs import env_factory
 from trace_gym.errors import ConfigError
+from trace_gym.training.evaluate import evaluate_policy
 
 ARITHMETIC = env_factory("trace/Arithmetic-v0", {"n_tasks": 8})
 
@@ -22,14 +22,13 @@ ARITHMETIC = env_factory("trace/Arithmetic-v0", {"n_tasks": 8})
 def test_expert_spec_plays_the_envs_scripted_expert():
     policy = policy_from_spec("expert", make_env=ARITHMETIC)
     assert isinstance(policy, ExpertPolicy)
-    episodes = play_episodes(policy, ARITHMETIC, [{"options": {"index": i}} for i in range(4)], SamplingParams())
-    assert success_rate(episodes) == 1.0 and all(e.turns >= 2 for e in episodes)
+    result = evaluate_policy(policy, ARITHMETIC, 4)
+    assert result.success == 1.0 and all(n >= 2 for t in result.tasks for n in t.turns)
 
 
 def test_expert_noise_in_the_spec_makes_it_err():
     policy = policy_from_spec("expert:1.0", make_env=ARITHMETIC)
-    resets = [{"options": {"index": i}, "seed": i} for i in range(8)]
-    assert success_rate(play_episodes(policy, ARITHMETIC, resets, SamplingParams(seed=0))) < 1.0
+    assert evaluate_policy(policy, ARITHMETIC, 8, seed=0).success < 1.0
 
 
 @pytest.mark.parametrize("spec", ["expert:abc", "expert:1.5"])

@@ -57,7 +57,7 @@ def test_exact_roots_estimate_follows_the_difficulty_spread() -> None:
     expectation however they are split (pairs: 16 x 0.5; triples: 10 x 0.75 + 0.5), each mixed with
     probability 0.5 to 0.75."""
     sys.path.insert(0, str(SCRIPT.parent))
-    from allocation import exact_roots_effective
+    from allocation_real import exact_roots_effective
 
     certain = exact_roots_effective(np.array([0.0, 1.0] * 40), pool=64, roots=32, cap=8, draws=5)
     assert certain["ratio"] == 0.0 and certain["mixed_prompts"] == 0.0

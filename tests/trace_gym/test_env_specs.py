@@ -138,10 +138,3 @@ def test_a_factory_pickles_and_makes_the_env_after_unpickling(user_module):
     name, _ = user_module
     factory = pickle.loads(pickle.dumps(env_factory(f"{name}:EchoEnv", {"words": ["eps"]})))
     assert isinstance(factory, EnvFactory) and [t.id for t in factory().unwrapped.tasks] == ["eps"]
-
-
-def test_the_trainers_env_factory_delegates_to_the_spec_resolver(user_module):
-    from trace_gym.training.trainer import make_env_factory
-
-    name, env_id = user_module
-    assert make_env_factory(f"{name}:{env_id}", {}) == EnvFactory(f"{name}:{env_id}", {})

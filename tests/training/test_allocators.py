@@ -67,3 +67,12 @@ def test_pool_too_small_for_uniform_groups_raises():
 def test_unknown_allocator_raises():
     with pytest.raises(ConfigError):
         make_allocator("ppo")
+
+
+def test_every_allocator_name_has_its_stage_modes():
+    from trace_gym.training.allocators import _MODES
+
+    assert set(_MODES) == set(ALLOCATORS)
+    for name in ALLOCATORS:
+        alloc = make_allocator(name)
+        assert alloc.name == name and alloc.oracle == (name == "oracle")

@@ -106,3 +106,64 @@ def test_token_record_reproduces_behaviour_logprobs(nano_dir):
         assert checked >= 8
     finally:
         collector.close()
+
+
+def test_an_adopted_tree_continues_as_in_the_collector_that_started_it():
+    env = ArithmeticEnv(n_tasks=20, difficulty=2)
+    task = env.tasks[0]
+
+    def make():
+        return ArithmeticEnv(n_tasks=20, difficulty=2)
+
+    policy = ExpertPolicy(lambda s: env.expert(noise=0.4, seed=s))  # each turn from its own seeded expert
+    first, second = (TreeCollector(policy, make, env.tasks, SamplingParams(), workers=1) for _ in range(2))
+    probe = make()
+    try:
+        first.begin_step()
+        first.bare_rollouts({task.id: 3}, seed=0)
+        copy = RolloutTree.from_dict(first.trees[task.id].to_dict())  # as another process would receive it
+        node, before = next((n.id for n in copy if n.depth >= 1 and not n.is_terminal), 0), len(copy)
+        probe.reset(options={"task": task})
+        second.begin_step()
+        second.adopt(copy, probe.snapshot("replay"), [node])
+        second.run([(task.id, node)] * 2, seed=1)
+        first.continuations({(task.id, node): 2}, seed=1)
+        assert second.trees[task.id].to_dict() == first.trees[task.id].to_dict()
+        assert second.trees[task.id] is copy and len(copy) > before  # it took the tree over and continued it
+    finally:
+        probe.close()
+        first.close()
+        second.close()
+        env.close()
+
+
+@pytest.mark.parametrize("kind", ["local", "simulation"])
+def test_every_collector_refuses_the_same_bad_starts(kind):
+    from trace_gym.errors import ConfigError
+    from trace_gym.training.simulation import SimCollector, make_tasks
+
+    env = None
+    if kind == "local":
+        env = ArithmeticEnv(n_tasks=6)
+        tasks = list(env.tasks)
+        collector = TreeCollector(ExpertPolicy(env.expert()), lambda: ArithmeticEnv(n_tasks=6), tasks,
+                                  SamplingParams(), workers=1)
+    else:
+        tasks = make_tasks(6, seed=0)
+        collector = SimCollector(tasks)
+    try:
+        collector.begin_step()
+        collector.bare_rollouts({tasks[0].id: 2}, seed=0)
+        with pytest.raises(ConfigError, match="each prompt once per step"):
+            collector.bare_rollouts({tasks[0].id: 1}, seed=1)
+        with pytest.raises(ConfigError, match="task id of the collector's task set"):
+            collector.bare_rollouts({"no-such-task": 1}, seed=1)
+        with pytest.raises(ConfigError, match="a prompt started this step"):
+            collector.continuations({(tasks[1].id, 0): 1}, seed=1)
+        leaf = collector.trees[tasks[0].id].leaves()[0].id
+        with pytest.raises(ConfigError, match="open \\(non-terminal\\) node"):
+            collector.continuations({(tasks[0].id, leaf): 1}, seed=1)
+    finally:
+        collector.close()
+        if env is not None:
+            env.close()

@@ -92,3 +92,18 @@ def test_distributed_ray_validates_with_its_worker_settings(tmp_path):
     assert isinstance(cfg.ray.gpus_per_worker, float)
     dump_config(cfg, tmp_path / "dumped.yaml")
     assert load_config(tmp_path / "dumped.yaml") == cfg
+
+
+def test_every_literal_mode_is_checked_against_its_literal_alone():
+    from typing import get_args
+
+    from trace_gym.training.advantages import AdvantageMethod
+    from trace_gym.training.allocators import AllocatorName
+    from trace_gym.training.config import AllocConfig, ModelConfig, OptimConfig, choices
+
+    assert choices(AllocConfig)["allocator"] == get_args(AllocatorName)
+    assert choices(OptimConfig)["advantage"] == get_args(AdvantageMethod)
+    assert choices(ModelConfig) == {"init_size": ("nano", "tiny", None), "backend": ("hf", "vllm"),
+                                    "strategy": ("single", "ddp", "fsdp")}
+    with pytest.raises(ConfigError, match=r"expected model.strategy in \('single', 'ddp', 'fsdp'\), got 'zero'"):
+        ModelConfig(strategy="zero")  # type: ignore[arg-type]  # a bad value given in code, not YAML

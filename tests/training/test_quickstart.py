@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trace_gym.training import cli
-from trace_gym.training.logging import read_metrics
+from trace_gym.training.metrics_log import read_metrics
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 

@@ -4,18 +4,19 @@ import pytest
 from trace_gym.checker import check_trace_env
 from trace_gym.tasks import Task
 from trace_gym.training.allocators import ALLOCATORS, StepBudget, make_allocator
-from trace_gym.training.predictor import FeaturePredictor
+from trace_gym.training.predictor import FeaturePredictor, Prefix
 from trace_gym.training.simulation import (
     BAD_ACTION,
     GOOD_ACTION,
+    SimCollector,
     SimEnv,
     make_tasks,
     run_simulation,
     scripted_action,
-    simulate_step,
     true_value,
     value_at,
 )
+from trace_gym.training.step import take_step
 
 
 def _task(p, need, horizon):
@@ -63,11 +64,37 @@ def test_sim_env_passes_the_conformance_checker():
 @pytest.mark.parametrize("name", ALLOCATORS)
 def test_simulated_step_spends_the_budget_and_builds_finished_trees(name):
     tasks = make_tasks(64, seed=1)
-    step = simulate_step(make_allocator(name, group_size=4), FeaturePredictor(dim=512), tasks[:40],
-                         StepBudget(16, 2), np.random.default_rng(0))
-    assert step.metrics["alloc/budget_used"] == 48
-    for tree in step.trees:
+    step = take_step(SimCollector(tasks), make_allocator(name, group_size=4), FeaturePredictor(dim=512), tasks[:40],
+                     StepBudget(16, 2), seed=0, step=1)
+    assert step.metrics["alloc/budget"] == 48 == step.metrics["rollout/trajectories"]
+    for tree in step.trees.values():
         assert all(n.children or n.is_terminal for n in tree.nodes)
+
+
+def test_sim_collector_knows_the_exact_value_of_every_prefix_it_played():
+    tasks = make_tasks(8, seed=2)
+    collector = SimCollector(tasks)
+    collector.begin_step()
+    collector.bare_rollouts({t.id: 2 for t in tasks}, seed=5)
+    for tid, tree in collector.trees.items():
+        prefixes = [Prefix.from_tree(tree, n.id) for n in tree.nodes]
+        expected = [true_value(collector.tasks[tid], tree.actions(n.id)) for n in tree.nodes]
+        np.testing.assert_allclose(collector.true_values(prefixes), expected)
+        for leaf in tree.leaves():  # a finished episode's value is its outcome
+            assert collector.true_values([Prefix.from_tree(tree, leaf.id)])[0] == leaf.reward
+
+
+def test_sim_collector_repeats_its_trees_for_the_same_seed():
+    tasks = make_tasks(6, seed=3)
+
+    def play(seed: int) -> list[dict]:
+        collector = SimCollector(tasks)
+        collector.begin_step()
+        collector.bare_rollouts({t.id: 3 for t in tasks}, seed=seed)
+        collector.continuations({(tasks[0].id, 0): 2}, seed=seed + 1)
+        return [t.to_dict() for t in collector.trees.values()]
+
+    assert play(7) == play(7) != play(8)
 
 
 def _mean_metric(name, key, seeds=(0, 1)):

@@ -17,7 +17,7 @@ import yaml
 from tests.training.test_trainer import comparable, tiny_config
 from trace_gym.training.config import TrainConfig
 from trace_gym.training.distributed import spawn
-from trace_gym.training.logging import read_metrics
+from trace_gym.training.metrics_log import read_metrics
 from trace_gym.training.trainer import Trainer
 
 pytest.importorskip("peft")

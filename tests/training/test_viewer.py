@@ -18,14 +18,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trace_gym.agents.policy import SamplingParams
+from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.errors import ConfigError
-from trace_gym.training.allocation import solve_prefixes, solve_roots
-from trace_gym.training.predictor import FeaturePredictor, Prefix, training_examples
+from trace_gym.training.allocators import StepBudget, make_allocator
+from trace_gym.training.collector import TreeCollector
+from trace_gym.training.predictor import FeaturePredictor
+from trace_gym.training.step import take_step
 from trace_gym.training.viewer import TreeRecord, load_trees, page_data, render_html, split_action, write_viewer
 from trace_gym.tree import RolloutTree
 from trace_gym.wrappers import TreeRolloutWrapper
@@ -43,58 +46,23 @@ def _play(wrapper: TreeRolloutWrapper, expert: Any, obs_info: tuple[str, dict]) 
 
 
 def collect_trees(n_prompts: int = 6, budget: int = 12, seed: int = 0) -> list[RolloutTree]:
-    """One TRACE-style step on HotpotQA with the scripted expert: root allocation over a pool, bare rollouts,
-    prefix expansion (one continuation budget per root rollout); Ṽ and allocations recorded in node.meta."""
+    """One TRACE step on HotpotQA with the scripted expert, through the trainer's own step (`take_step`): root
+    allocation over a pool, bare rollouts, prefix expansion (one continuation per root rollout), annotated
+    for the viewer. A first uniform step warms the predictor up."""
     from trace_gym.environments.qa import MultiHopQAEnv
 
     env = MultiHopQAEnv(max_turns=5)
-    wrapper = TreeRolloutWrapper(env)
-    expert = env.expert(noise=0.35, seed=seed)
-    task_ids = [t.id for t in env.tasks[:n_prompts]]
-    predictor = FeaturePredictor(steps=30)
-    # Warm-up: one bare rollout pair per prompt gives the predictor something to fit.
-    warm = []
-    for tid in task_ids:
-        obs_info = wrapper.reset(seed=seed, options={"task_id": tid})
-        _play(wrapper, expert, obs_info)
-        _play(wrapper, expert, wrapper.branch(0))
-        warm.append(wrapper.tree)
-    predictor.fit(*training_examples(warm))
-    roots = predictor.predict([Prefix(t.task_id, t.root.observation) for t in warm])
-    m = solve_roots(np.clip(roots, 0.0, 1.0), budget, cap=4)
-    trees = []
-    for tid, v_root, m_i in zip(task_ids, roots, m):
-        obs_info = wrapper.reset(seed=seed + 1, options={"task_id": tid})
-        tree = wrapper.tree
-        tree.root.meta["predicted"] = float(v_root)
-        if m_i == 0:
-            tree.root.meta["alloc"] = {"continuations": 0, "utility": 0.0, "stage": "root"}
-            trees.append(tree)
-            continue
-        u_root = 1 - v_root**m_i - (1 - v_root) ** m_i
-        tree.root.meta["alloc"] = {"continuations": int(m_i), "utility": float(u_root), "stage": "root"}
-        rollouts = []
-        for j in range(int(m_i)):
-            leaf_reward = _play(wrapper, expert, obs_info if j == 0 else wrapper.branch(0))
-            rollouts.append((wrapper.node_id, leaf_reward))
-        prefixes, rewards = [], []
-        for leaf, r in rollouts:
-            prefixes += [n.id for n in tree.path(leaf)[1:-1]]
-            rewards += [r] * (len(tree.path(leaf)) - 2)
-        if prefixes:
-            v = predictor.predict([Prefix.from_tree(tree, i) for i in prefixes])
-            k = solve_prefixes(np.array(rewards), np.clip(v, 0.0, 1.0), int(m_i))
-            for node_id, r, v_j, k_j in zip(prefixes, rewards, v, k):
-                node = tree[node_id]
-                node.meta["predicted"] = float(v_j)
-                if k_j:
-                    q = r * v_j + (1 - r) * (1 - v_j)
-                    node.meta["alloc"] = {"continuations": int(k_j), "utility": float(1 - q**k_j), "stage": "prefix"}
-                    for _ in range(int(k_j)):
-                        _play(wrapper, expert, wrapper.branch(node_id))
-        trees.append(tree)
-    wrapper.close()
-    return trees
+    pool = list(env.tasks[:n_prompts])
+    policy = ExpertPolicy(lambda s: env.expert(noise=0.35, seed=s))
+    collector = TreeCollector(policy, lambda: MultiHopQAEnv(max_turns=5), pool, SamplingParams(), workers=1)
+    predictor, steps = FeaturePredictor(steps=30), StepBudget(roots=budget, multiplier=1)
+    try:
+        take_step(collector, make_allocator("grpo", group_size=4), predictor, pool, steps, seed=seed, step=1)
+        trees = take_step(collector, make_allocator("trace", cap=4), predictor, pool, steps, seed=seed, step=2).trees
+    finally:
+        collector.close()
+        env.close()
+    return list(trees.values())
 
 
 def failing_tree(rollouts: int = 3) -> RolloutTree:

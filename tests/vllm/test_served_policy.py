@@ -13,32 +13,39 @@ import torch
 from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.openai_backend import OpenAIPolicy
 from trace_gym.agents.policy import SamplingParams
-from trace_gym.agents.rollout import play_episodes
 from trace_gym.agents.specs import PolicyOptions, policy_from_spec
 from trace_gym.env_specs import env_factory
+from trace_gym.training.evaluate import evaluate_policy
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 ENV = env_factory("trace/Arithmetic-v0", {"n_tasks": 4, "max_turns": 3})
 GREEDY = SamplingParams(temperature=0, max_new_tokens=8, min_new_tokens=8, seed=0)
-RESETS = [{"options": {"index": i}} for i in range(3)]
+TASKS = 3
+
+
+def _record(tree):
+    """What training would see of a tree: the prompt ids, then each turn's action and observation ids."""
+    return [tree.root.meta.get("prompt_ids")] + [(n.token_ids, n.meta.get("obs_ids"), n.action) for n in tree.nodes[1:]]
 
 
 def test_a_url_spec_with_a_local_tokenizer_plays_the_episodes_transformers_plays(server, nano_dir):
     policy = policy_from_spec(server, PolicyOptions(model="nano", tokenizer=str(nano_dir), concurrency=2))
     assert isinstance(policy, OpenAIPolicy)
-    served = play_episodes(policy, ENV, RESETS, GREEDY)
-    local = play_episodes(HFPolicy.from_pretrained(nano_dir, dtype=torch.float32), ENV, RESETS, GREEDY)
-    assert [e.turns for e in served] == [e.turns for e in local] and all(e.turns >= 2 for e in served)
-    for a, b in zip(served, local):
-        assert a.conversation is not None and b.conversation is not None
-        assert a.conversation.ids == b.conversation.ids and a.messages == b.messages
+    served = evaluate_policy(policy, ENV, TASKS, sampling=GREEDY, keep_trees=True)
+    local = evaluate_policy(HFPolicy.from_pretrained(nano_dir, dtype=torch.float32), ENV, TASKS, sampling=GREEDY,
+                            keep_trees=True)
+    assert [t.turns for t in served.tasks] == [t.turns for t in local.tasks]
+    assert all(n >= 2 for t in served.tasks for n in t.turns)
+    for a, b in zip(served.trees, local.trees):
+        assert a.root.meta.get("prompt_ids") and _record(a) == _record(b)
 
 
 def test_an_openai_spec_plays_multi_turn_episodes_on_chat_messages(server):
     policy = policy_from_spec("openai:tiny", PolicyOptions(base_url=server))
-    episodes = play_episodes(policy, ENV, RESETS, GREEDY)
-    assert len(episodes) == 3 and all(e.turns >= 2 and e.conversation is None for e in episodes)
-    assert all(m["content"] for e in episodes for m in e.messages if m["role"] == "assistant")
+    result = evaluate_policy(policy, ENV, TASKS, sampling=GREEDY, keep_trees=True)
+    assert len(result.tasks) == 3 and all(n >= 2 for t in result.tasks for n in t.turns)
+    assert all("prompt_ids" not in tree.root.meta for tree in result.trees)  # played on messages
+    assert all(n.action for tree in result.trees for n in tree.nodes[1:])
 
 
 def test_the_readme_served_model_example_runs_against_the_server(server):
