@@ -55,7 +55,7 @@ from .distributed import (
     unwrap,
     world,
 )
-from .packing import Pack, pack_batches, packing_unsupported, trie_order
+from .packing import Pack, pack_batches, packing_unsupported, shard_packs, trie_order
 
 _Part = TypeVar("_Part", bound=MicroBatch)
 
@@ -221,8 +221,7 @@ class Learner:
     def _rank_packs(self, samples: Sequence[Sample]) -> list[Pack]:
         """This rank's packs of ``samples`` (choice 1), with reference log-probs when the loss has a KL term."""
         packs = pack_batches(samples, self.cfg.optim.pack_tokens, parts=self.world_size)
-        mine = packs[self.rank::self.world_size] or [min(packs, key=lambda p: p.tokens).without_loss()]
-        return [self._with_reference(p) for p in mine]
+        return [self._with_reference(p) for p in shard_packs(packs, self.rank, self.world_size)]
 
     def _with_reference(self, part: _Part) -> _Part:
         """``part`` (rows or a pack) with the reference model's log-probs of its tokens (KL term only)."""

@@ -241,6 +241,13 @@ def pack_batches(samples: Sequence[Row], max_tokens: int, parts: int = 1) -> lis
     return [pack_rows([samples[i] for i in group]) for group in split_by_tokens(rows, max_tokens)]
 
 
+def shard_packs(packs: Sequence[Pack], rank: int, world_size: int) -> list[Pack]:
+    """Packs ``rank, rank + world_size, ...``; a rank left without one gets the smallest pack with nothing
+    trained, so that every rank runs a forward/backward (distributed.py note 2)."""
+    mine = list(packs[rank::world_size])
+    return mine or [min(packs, key=lambda p: p.tokens).without_loss()]
+
+
 # --------------------------------------------------------------------------------------------- the model
 def attention_implementation(model: nn.Module) -> str | None:
     """The transformers attention implementation of ``model`` (through DDP, FSDP2 and peft wrappers)."""
