@@ -315,15 +315,16 @@ def packed_forward(model: nn.Module, input_ids: torch.Tensor, position_ids: torc
 
 
 @torch.no_grad()
-def last_hidden_states(model: nn.Module, rows: Sequence[Sequence[int]], max_tokens: int = 8192) -> torch.Tensor:
-    """(len(rows), hidden) final hidden state at the last token of each non-empty row, every shared prefix
-    computed once (packs of at most ``max_tokens`` nodes, rows in trie order)."""
+def last_hidden_states(model: nn.Module, rows: Sequence[Sequence[int]], pack_tokens: int = 4096) -> torch.Tensor:
+    """(len(rows), hidden) final hidden state at the last token of each non-empty row, as one forward per row
+    gives it, with every shared prefix computed once (packs of at most ``pack_tokens`` nodes, rows in trie
+    order): the predictor's hidden-state features of a step's prefixes."""
     if any(len(r) == 0 for r in rows):
         raise ConfigError("expected non-empty rows, got an empty one; fix: give each prefix at least one token")
     device = next(model.parameters()).device
     order = trie_order(rows, torch.Generator().manual_seed(0))
     out: list[torch.Tensor | None] = [None] * len(rows)
-    for group in split_by_tokens([rows[i] for i in order], max_tokens):
+    for group in split_by_tokens([rows[i] for i in order], pack_tokens):
         members = [order[g] for g in group]
         trie = build_trie([rows[i] for i in members])
         last = torch.as_tensor([int(p[-1]) for p in trie.paths], device=device)

@@ -232,7 +232,7 @@ def test_identical_rows_count_twice(samples, nano_dir):
 def test_last_hidden_states_equal_one_forward_per_prefix(trees, nano_dir):
     model = nano_model(str(nano_dir)).eval()
     prefixes = [context_ids(t, n.id) for forest in trees.values() for t in forest for n in t.nodes if n.token_ids]
-    got = last_hidden_states(model, prefixes, max_tokens=600)
+    got = last_hidden_states(model, prefixes, pack_tokens=600)
     with torch.no_grad():
         want = torch.stack([model(input_ids=torch.tensor([p]), output_hidden_states=True).hidden_states[-1][0, -1]
                             for p in prefixes])
