@@ -233,8 +233,14 @@ def sequence_logprobs(model, ids: torch.Tensor, attention_mask: torch.Tensor | N
     if attention_mask is not None:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=positions,
-                   use_cache=False).logits[:, :-1].float()
+                   use_cache=False).logits[:, :-1]
+    return taken_logprobs(logits, ids[:, 1:], temperature)
+
+
+def taken_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """(..., vocab) logits and (...) ids -> (...) log-probability of each id, by the policy.py convention."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    # gather - logsumexp instead of log_softmax: no second (B, T, vocab) tensor, which matters at 152k vocab
-    return logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # gather - logsumexp instead of log_softmax: no second (..., vocab) tensor, which matters at 152k vocab
+    return logits.gather(-1, ids[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)

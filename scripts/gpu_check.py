@@ -8,7 +8,11 @@ Checks (exit status 1 if any fails):
 2. After each step's sync, the engine's greedy log-probs on probe prompts equal the trainer model's.
 3. After a known weight change (a seeded perturbation of every weight, visible in the model's own log-probs)
    and a sync, the engine's greedy generations and log-probs match the changed model.
-Reported: step time per stage, prefix-cache hit rate per stage (vLLM's counters), parameter change per step.
+4. The policy update on the last step's trees, run both ways (one padded row per node, and tree-packed,
+   training/packing.py): the packed update's loss, statistics and gradient norm equal the rows'.
+Reported: step time per stage, prefix-cache hit rate per stage (vLLM's counters), parameter change per step;
+for the update paths (rows, packed with the SDPA mask, packed with flex attention where it runs), tokens run
+through the model and wall time per update.
 """
 
 from __future__ import annotations
@@ -136,6 +140,56 @@ def param_vector(model: Any) -> Any:
     return torch.cat([p.detach().float().flatten().cpu() for p in model.parameters()])
 
 
+def update_paths(trainer: Any, trees: list[Any], repeats: int = 3) -> dict[str, Any]:
+    """Rows against packed updates (SDPA mask; flex attention where it runs) on ``trees``, each on its own copy
+    of the trained model: stats of one update, tokens run through the model, median wall time of ``repeats``.
+    Every generated node is trained with a seeded advantage of +-1 (the comparison is about the computation, and
+    an untrained model's trees may have none)."""
+    import copy
+
+    import torch
+
+    from trace_gym.training.distributed import policy_update
+    from trace_gym.training.learner import update_batch
+    from trace_gym.training.packing import pack_batches, trie_order
+    from trace_gym.training.stages import build_samples
+
+    cfg = trainer.cfg
+    samples = build_samples({t.task_id: t for t in trees}, cfg.optim.advantage, skip_zero=False).samples
+    g = torch.Generator().manual_seed(0)
+    for s in samples:
+        s.advantage = float(torch.randint(0, 2, (1,), generator=g)) * 2 - 1
+    samples = [samples[i] for i in trie_order([s.context + s.action for s in samples], g)]
+    device = trainer.device
+    paths: dict[str, Any] = {
+        "rows": ("sdpa", update_batch(samples, trainer.tokenizer.pad_token_id)),
+        "packed_sdpa": ("sdpa", pack_batches(samples, cfg.optim.pack_tokens)),
+        "packed_flex": ("flex_attention", pack_batches(samples, cfg.optim.pack_tokens)),
+    }
+    out: dict[str, Any] = {"nodes": len(samples), "row_tokens": sum(len(s.context) + len(s.action) for s in samples)}
+    for name, (attention, batch) in paths.items():
+        model = copy.deepcopy(trainer.model)
+        try:
+            model.set_attn_implementation(attention)
+            times = []
+            for _ in range(repeats + 1):  # the first: warm-up (and flex attention's compilation)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                stats = policy_update(model, optimizer, batch, cfg.optim.micro_batch, cfg.optim.clip_low,
+                                      cfg.optim.clip_high, grad_clip=0.0)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            out[name] = {"stats": stats, "first_s": times[0], "wall_s": sorted(times[1:])[len(times[1:]) // 2],
+                         "forward_tokens": stats["loss/forward_tokens"]}
+        except Exception as exc:  # e.g. flex attention has no CPU backward: reported, not a failure
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        del model
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -165,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     tol = args.tolerance
     rows = []
     prompts: list[list[int]] = []
+    updates: dict[str, Any] = {}
     try:
         for _ in range(2):
             before = param_vector(trainer.model)
@@ -202,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
         check("generation follows the synced weights", gap <= tol,
               f"engine vs changed model gap {gap:.2e} (tol {tol}); greedy tokens changed: "
               f"{tokens_after != tokens_before}; sync {sync_s:.2f} s")
+        updates = update_paths(trainer, list(trainer.collector.trees.values()))
+        report_updates(updates)
     finally:
         trainer.close()
 
@@ -221,13 +278,34 @@ def run(args: argparse.Namespace) -> int:
     failed = [name for name, ok, _ in CHECKS if not ok]
     total_s = time.perf_counter() - started
     summary = {"backend": args.backend, "device": args.device, "setup_s": setup_s, "total_s": total_s,
-               "steps": rows, "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in CHECKS],
-               "failed": failed}
+               "steps": rows, "update_paths": updates,
+               "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in CHECKS], "failed": failed}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_check.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     print(f"\nsetup {setup_s:.1f} s, total {total_s:.1f} s; {len(CHECKS) - len(failed)}/{len(CHECKS)} checks "
           f"passed; report in {Path(args.out) / 'gpu_check.json'}")
     return 1 if failed else 0
+
+
+def report_updates(updates: dict[str, Any]) -> None:
+    """Check 4 and the update paths' table."""
+    rows, packed = updates["rows"], updates["packed_sdpa"]
+    if "error" in rows or "error" in packed:
+        check("packed update equals rows", False, f"rows: {rows.get('error')}, packed: {packed.get('error')}")
+        return
+    gaps = {k: abs(packed["stats"][k] - rows["stats"][k]) / max(abs(rows["stats"][k]), 1e-6)
+            for k in ("loss/total", "loss/tokens", "loss/clip_frac", "loss/grad_norm")}
+    check("packed update equals rows", max(gaps.values()) < 1e-3,
+          f"largest relative gap {max(gaps.values()):.1e} over {sorted(gaps)} ({updates['nodes']} nodes)")
+    print(f"\nupdate on the last step's trees: {updates['nodes']} nodes, {updates['row_tokens']} row tokens")
+    print("path        | fwd tokens | first s | wall s | speed-up")
+    for name in ("rows", "packed_sdpa", "packed_flex"):
+        r = updates[name]
+        if "error" in r:
+            print(f"{name:<11} | {r['error']}")
+            continue
+        print(f"{name:<11} | {r['forward_tokens']:10.0f} | {r['first_s']:7.2f} | {r['wall_s']:6.3f} | "
+              f"{rows['wall_s'] / r['wall_s']:7.2f}x")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

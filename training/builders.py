@@ -67,17 +67,25 @@ def worker_policy(cfg: TrainConfig, model_path: str) -> Any:
 
 
 def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 1024) -> Callable[..., torch.Tensor]:
-    """Final hidden state at the last token of a plain rendering of each prefix (HiddenStatePredictor)."""
+    """Final hidden state at the last token of a plain rendering of each prefix (HiddenStatePredictor). The
+    prefixes of a step share their prompts and early turns, so they run tree-packed (training/packing.py: each
+    shared prefix computed once) where the model takes a custom mask, else one forward per prefix."""
+    from .packing import last_hidden_states, packing_unsupported
+
+    packed = packing_unsupported(model) is None
 
     def fn(prefixes: Sequence[Prefix]) -> torch.Tensor:
-        device = next(model.parameters()).device
         rows = []
         for p in prefixes:
             text = "\n".join([p.prompt, *(f"{a}\n{o}" for a, o in p.turns)])
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"][-max_tokens:] or [tokenizer.pad_token_id]
-            out = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
-            rows.append(out.hidden_states[-1][0, -1].float().cpu())
-        return torch.stack(rows)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][-max_tokens:]
+            rows.append(ids or [tokenizer.pad_token_id])
+        with torch.no_grad():
+            if packed:
+                return last_hidden_states(model, rows).float().cpu()
+            device = next(model.parameters()).device
+            return torch.stack([model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
+                                .hidden_states[-1][0, -1].float().cpu() for ids in rows])
 
     return fn
 

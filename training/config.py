@@ -251,7 +251,13 @@ class OptimConfig(Section):
     mini_batch: int = 64
     """Trained nodes per optimiser step."""
     micro_batch: int = 8
-    """Trained nodes per forward/backward (gradient accumulation up to `mini_batch`)."""
+    """Trained nodes per forward/backward with update=rows (gradient accumulation up to `mini_batch`)."""
+    update: Literal["packed", "rows"] = "packed"
+    """How a forward/backward runs the trained nodes: packed (each mini-batch's rows as token tries, every shared
+    prefix computed once; docs/packing.md) or rows (one padded row per node). Falls back to rows, with a
+    warning, for a model that takes no custom attention mask."""
+    pack_tokens: int = 4096
+    """Most tokens per packed forward/backward with update=packed (a longer single row gets a pack of its own)."""
     epochs: int = 1
     """Passes over each step's nodes."""
     advantage: AdvantageMethod = "tree_grpo"
@@ -276,6 +282,8 @@ class OptimConfig(Section):
                f"expected 1 <= optim.micro_batch <= mini_batch, got {self.micro_batch}, {self.mini_batch}; "
                "fix: optim.micro_batch=8")
         _check(self.epochs >= 1, f"expected optim.epochs >= 1, got {self.epochs}")
+        _check(self.pack_tokens >= 1, f"expected optim.pack_tokens >= 1, got {self.pack_tokens}; "
+               "fix: optim.pack_tokens=4096")
         _check(0 < self.clip_low < 1 and self.clip_high > 0,
                f"expected 0 < optim.clip_low < 1 and clip_high > 0, got {self.clip_low}, {self.clip_high}")
         _check(self.kl_coef >= 0, f"expected optim.kl_coef >= 0, got {self.kl_coef}")

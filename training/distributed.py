@@ -7,19 +7,22 @@ The same code runs on CPU (gloo, the tests use 2 processes) and on GPUs (NCCL), 
    (all-reduced) and multiplied by the world size, because DDP and FSDP2 average gradients over ranks. The
    update therefore equals the single-process update on all rows (token-level normalisation, loss.py note 1).
 2. Every rank runs the same number of forward/backward passes (the largest local count; missing micro-batches
-   are a real row with an all-zero mask): FSDP2 and DDP issue collectives in each pass, so unequal counts would
-   hang.
+   are a real row or pack with an all-zero mask): FSDP2 and DDP issue collectives in each pass, so unequal
+   counts would hang.
 3. LoRA weights reach the engines merged (W + scale·B·A under the base model's own parameter names), so an
    engine needs no adapter support and the push is the same as for full fine-tuning.
-4. Per-token tensors are aligned with ``input_ids``: position t holds the log-probability of token t (computed
-   from the logits at t - 1); position 0 is never trained.
+4. Per-token tensors of an `UpdateBatch` are aligned with ``input_ids``: position t holds the log-probability
+   of token t (computed from the logits at t - 1); position 0 is never trained.
+5. A micro-batch is either rows (an `UpdateBatch` of ``micro_batch`` rows) or one `packing.Pack` (a token trie
+   of rows, packing.py); both hand `policy_loss` the same per-token terms, so the loss, its normaliser and the
+   statistics do not depend on which one ran.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -31,6 +34,7 @@ from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.errors import ConfigError
 
 from .loss import policy_loss
+from .packing import Pack
 
 Strategy = Literal["single", "ddp", "fsdp"]
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -73,6 +77,23 @@ class UpdateBatch:
     def shard(self, rank: int, world_size: int) -> UpdateBatch:
         """Rows ``rank, rank + world_size, ...``: round-robin keeps long and short rows spread over ranks."""
         return self.rows(slice(rank, None, world_size))
+
+    @property
+    def tokens(self) -> int:
+        """Tokens run through the model by a forward over these rows (padding included)."""
+        return int(self.input_ids.numel())
+
+    def without_loss(self) -> UpdateBatch:
+        """The first row with nothing trained (an idle rank's pass, note 2)."""
+        part = self.rows(slice(0, 1))
+        return replace(part, loss_mask=torch.zeros_like(part.loss_mask))
+
+    def with_reference(self, ref_logprobs: torch.Tensor) -> UpdateBatch:
+        return replace(self, ref_logprobs=ref_logprobs)
+
+    def logprobs(self, model: nn.Module, temperature: float = 1.0) -> torch.Tensor:
+        """(B, T) log-probabilities of the tokens under ``model``, aligned with ``input_ids`` (note 4)."""
+        return token_logprobs(model, self.input_ids, self.attention_mask, temperature)
 
 
 @dataclass(frozen=True)
@@ -283,25 +304,42 @@ def _collective_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def _micro_batches(batch: UpdateBatch, size: int, count: int) -> Iterator[UpdateBatch]:
-    """``count`` micro-batches of at most ``size`` rows; past the data, one row with its mask zeroed (note 2)."""
-    for i in range(count):
-        part = batch.rows(slice(i * size, (i + 1) * size))
-        if len(part) == 0:
-            part = batch.rows(slice(0, 1))
-            part = replace(part, loss_mask=torch.zeros_like(part.loss_mask))
-        yield part
+MicroBatch = UpdateBatch | Pack
+"""What one forward/backward runs: rows or a packed trie of rows (note 5)."""
 
 
-def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: UpdateBatch, micro_batch: int = 8,
-                  clip_low: float = 0.2, clip_high: float | None = None, kl_coef: float = 0.0,
+def _loss_terms(part: MicroBatch, model: nn.Module, temperature: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(logprobs, old logprobs, advantages, mask, reference logprobs) in `policy_loss`'s layout."""
+    logprobs = part.logprobs(model, temperature)
+    if isinstance(part, Pack):  # already one column per trained (row, token) pair
+        return logprobs, part.old_logprobs.float(), part.advantages.float(), part.loss_mask, part.ref_logprobs
+    adv = part.advantages if part.advantages.dim() == 1 else part.advantages[:, 1:]
+    ref = None if part.ref_logprobs is None else part.ref_logprobs[:, 1:]
+    return logprobs[:, 1:], part.old_logprobs[:, 1:].float(), adv.float(), part.loss_mask[:, 1:], ref
+
+
+def _local_parts(batch: UpdateBatch | Sequence[Pack], micro_batch: int) -> list[MicroBatch]:
+    """This rank's micro-batches: ``micro_batch`` rows at a time, or one pack at a time."""
+    if isinstance(batch, UpdateBatch):
+        return [batch.rows(slice(i, i + micro_batch)) for i in range(0, len(batch), micro_batch)]
+    return list(batch)
+
+
+def _trained_tokens(part: MicroBatch) -> float:
+    return float(part.loss_mask.sum()) if isinstance(part, Pack) else float(part.loss_mask[:, 1:].sum())
+
+
+def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: UpdateBatch | Sequence[Pack],
+                  micro_batch: int = 8, clip_low: float = 0.2, clip_high: float | None = None, kl_coef: float = 0.0,
                   grad_clip: float = 1.0, temperature: float = 1.0, bf16: bool = False) -> dict[str, float]:
-    """One optimiser step on this rank's rows ``batch`` (all of them without a process group).
+    """One optimiser step on this rank's rows ``batch`` (all of them without a process group): an
+    `UpdateBatch` run ``micro_batch`` rows per forward/backward, or packs (packing.py) run one per pass.
 
     The gradient is that of ``policy_loss`` over the rows of all ranks together, normalised by their trained
     tokens (note 1). ``bf16``: forward under bfloat16 autocast on CUDA (FSDP2 takes ``param_dtype`` instead).
-    Returns step statistics averaged over ranks (``loss/...``; ``loss/grad_norm`` before
-    clipping; ``loss/tokens`` summed).
+    Returns step statistics averaged over ranks (``loss/...``; ``loss/grad_norm`` before clipping;
+    ``loss/tokens``, the trained tokens, and ``loss/forward_tokens``, the tokens run through the model, summed).
     """
     if micro_batch < 1:
         raise ConfigError(f"expected micro_batch >= 1, got {micro_batch}")
@@ -309,15 +347,15 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Upd
         raise ConfigError("expected at least one row on every rank, got 0; fix: give each rank >= 1 row")
     _, world_size = world()
     device = next(p for p in model.parameters()).device
-    tokens = _all_reduce(float(batch.loss_mask[:, 1:].sum()))
+    parts = _local_parts(batch, micro_batch)
+    tokens = _all_reduce(sum(_trained_tokens(p) for p in parts))
     if tokens == 0:
         raise ConfigError("expected trained tokens in the batch, got an all-zero loss_mask")
-    steps = int(_all_reduce(float(-(-len(batch) // micro_batch)), dist.ReduceOp.MAX if dist.is_initialized()
-                            else None))
+    steps = int(_all_reduce(float(len(parts)), dist.ReduceOp.MAX if dist.is_initialized() else None))
+    parts += [parts[0].without_loss()] * (steps - len(parts))
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals: dict[str, float] = {}
-    parts = list(_micro_batches(batch, micro_batch, steps))
+    totals: dict[str, float] = {"loss/forward_tokens": 0.0}
     for i, part in enumerate(parts):
         part = part.to(device)
         # Reduce gradients only after the last micro-batch (the accumulated gradient).
@@ -326,13 +364,11 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Upd
             model.set_requires_gradient_sync(last)
         sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
         with sync, torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
-            logprobs = token_logprobs(model, part.input_ids, part.attention_mask, temperature)[:, 1:]
-            adv = part.advantages if part.advantages.dim() == 1 else part.advantages[:, 1:]
-            ref = None if part.ref_logprobs is None else part.ref_logprobs[:, 1:]
-            loss, stats = policy_loss(logprobs, part.old_logprobs[:, 1:].float(), adv.float(), part.loss_mask[:, 1:],
-                                      clip_low=clip_low, clip_high=clip_high, ref_logprobs=ref, kl_coef=kl_coef,
-                                      num_tokens=tokens)
+            logprobs, old, adv, mask, ref = _loss_terms(part, model, temperature)
+            loss, stats = policy_loss(logprobs, old, adv, mask, clip_low=clip_low, clip_high=clip_high,
+                                      ref_logprobs=ref, kl_coef=kl_coef, num_tokens=tokens)
             (loss * world_size).backward()
+        totals["loss/forward_tokens"] += part.tokens
         weight = stats["loss/tokens"]
         for key, value in stats.items():
             totals[key] = totals.get(key, 0.0) + (value if key in ("loss/total", "loss/tokens") else value * weight)
@@ -344,7 +380,7 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Upd
     optimizer.zero_grad(set_to_none=True)
     out = {key: _all_reduce(value) for key, value in totals.items()}
     for key in out:
-        if key not in ("loss/total", "loss/tokens"):
+        if key not in ("loss/total", "loss/tokens", "loss/forward_tokens"):
             out[key] /= max(out["loss/tokens"], 1.0)
     out["loss/grad_norm"] = float(norm)
     return out

@@ -3,30 +3,37 @@
 `model.strategy` picks how the update runs: ``single`` (one process), ``ddp`` or ``fsdp`` (FSDP2) over the
 ranks of a ``torch.distributed`` process group, started by ``torchrun`` or `training.launch.ray_train`;
 ``model.lora_r > 0`` trains a LoRA adapter instead of all weights. The update itself is
-`distributed.policy_update`; this module turns a step's trained nodes into its batches.
+`distributed.policy_update`; this module turns a step's trained nodes into its batches: packed token tries
+(``optim.update=packed``, packing.py: every shared prefix computed once) or one padded row per node.
 
 Rank 0 (the lead) runs everything else of the step: environments, rollouts, predictor, evaluation, logs.
 The other ranks only follow: `Learner.follow` receives each command the lead issues (update, weights, save,
 stop) and takes part in its collectives, so the ranks never disagree about what comes next.
 
 Choices:
-1. Every optimiser step's nodes are split round-robin over the ranks; a rank left without a node trains one
-   row with its mask zeroed, so all ranks issue the same collectives.
+1. Every optimiser step's packs (or rows) are split round-robin over the ranks; packs are cut small enough that
+   each rank gets one where the rows allow. A rank left without one runs a pack (row) with its mask zeroed,
+   so all ranks issue the same collectives.
 2. The generation backend shares the trained module only for ``single`` without LoRA (the quickstart: no
    copy, no sync). Otherwise it holds its own copy (hf) or engine (vllm) and receives the gathered full
    weights, LoRA merged, after every update.
 3. Checkpoints hold the full (merged) weights as a plain model folder. Resume is exact for ``single`` and
    ``ddp``, and for ``fsdp`` through the full optimiser state; a LoRA run resumes with a fresh adapter on the
    merged weights and a fresh optimiser (the adapter's moments are not kept).
+4. Each epoch orders the nodes along their token trie (`packing.trie_order`: random among siblings, seeded by
+   the step) and cuts mini-batches of ``optim.mini_batch`` nodes from that order, for rows and packs alike:
+   a mini-batch then holds whole trees where it can, so packing computes each prefix once per epoch, and
+   ``optim.update`` changes how the update is computed, never what it is.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +44,7 @@ from trace_gym.errors import ConfigError
 from .config import TrainConfig
 from .distributed import (
     LoraSettings,
+    MicroBatch,
     UpdateBatch,
     broadcast_object,
     full_state_dict,
@@ -44,10 +52,12 @@ from .distributed import (
     is_fsdp,
     policy_update,
     prepare_model,
-    token_logprobs,
     unwrap,
     world,
 )
+from .packing import Pack, pack_batches, packing_unsupported, shard_packs, trie_order
+
+_Part = TypeVar("_Part", bound=MicroBatch)
 
 
 @dataclass
@@ -105,6 +115,13 @@ class Learner:
         self.module = prepare_model(model, m.strategy, lora=self.lora,
                                     gradient_checkpointing=m.gradient_checkpointing, param_dtype=param_dtype)
         self.module.eval()
+        self.packed = cfg.optim.update == "packed"
+        reason = packing_unsupported(self.module) if self.packed else None
+        if reason is not None:
+            self.packed = False
+            if self.rank == 0:
+                warnings.warn(f"optim.update=packed is not possible: {reason}; the policy update runs one padded "
+                              "row per node instead (as optim.update=rows)", RuntimeWarning, stacklevel=2)
         self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                            betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
         if optimizer_state is not None:
@@ -166,26 +183,29 @@ class Learner:
         if not samples:
             return {"loss/nodes": 0.0, "loss/optimizer_steps": 0.0}
         gen = torch.Generator().manual_seed(seed)
+        rows = [s.context + s.action for s in samples]
         totals: dict[str, float] = {}
-        tokens, losses, norms = 0.0, [], []
+        tokens, forward, losses, norms = 0.0, 0.0, [], []
         for _ in range(o.epochs):
-            order = torch.randperm(len(samples), generator=gen).tolist()
+            order = trie_order(rows, gen)  # choice 4
             for start in range(0, len(order), o.mini_batch):
-                batch = self._rank_rows(update_batch([samples[i] for i in order[start:start + o.mini_batch]],
-                                                     pad_id))
+                chunk = [samples[i] for i in order[start:start + o.mini_batch]]
+                batch = self._rank_packs(chunk) if self.packed else self._rank_rows(update_batch(chunk, pad_id))
                 stats = policy_update(self.module, self.optimizer, batch, o.micro_batch, o.clip_low, o.clip_high,
                                       o.kl_coef, o.grad_clip, self.temperature,
                                       bf16=self.cfg.model.bf16 and self.cfg.model.strategy != "fsdp")
                 w = stats["loss/tokens"]
                 for key, value in stats.items():
-                    if key not in ("loss/total", "loss/tokens", "loss/grad_norm"):
+                    if key not in ("loss/total", "loss/tokens", "loss/grad_norm", "loss/forward_tokens"):
                         totals[key] = totals.get(key, 0.0) + value * w
                 tokens += w
+                forward += stats["loss/forward_tokens"]
                 losses.append(stats["loss/total"])
                 norms.append(stats["loss/grad_norm"])
         self.module.eval()
         out = {key: value / max(tokens, 1.0) for key, value in totals.items()}
-        out.update({"loss/total": float(np.mean(losses)), "loss/tokens": tokens,
+        out.update({"loss/total": float(np.mean(losses)), "loss/tokens": tokens, "loss/forward_tokens": forward,
+                    "loss/packed": float(self.packed),
                     "loss/grad_norm": float(np.mean(norms)), "loss/nodes": float(len(samples)),
                     "loss/optimizer_steps": float(len(losses)),
                     "loss/advantage_abs_mean": float(np.mean([abs(s.advantage) for s in samples]))})
@@ -195,15 +215,22 @@ class Learner:
         """This rank's rows (choice 1), with reference log-probs when the loss has a KL term."""
         mine = batch.shard(self.rank, self.world_size)
         if len(mine) == 0:
-            mine = batch.rows([0])
-            mine = replace(mine, loss_mask=torch.zeros_like(mine.loss_mask))
-        if self.ref_model is not None:
-            device = next(self.ref_model.parameters()).device
-            with torch.no_grad():
-                ref = token_logprobs(self.ref_model, mine.input_ids.to(device), mine.attention_mask.to(device),
-                                     self.temperature)
-            mine = replace(mine, ref_logprobs=ref.cpu())
-        return mine
+            mine = batch.without_loss()
+        return self._with_reference(mine)
+
+    def _rank_packs(self, samples: Sequence[Sample]) -> list[Pack]:
+        """This rank's packs of ``samples`` (choice 1), with reference log-probs when the loss has a KL term."""
+        packs = pack_batches(samples, self.cfg.optim.pack_tokens, parts=self.world_size)
+        return [self._with_reference(p) for p in shard_packs(packs, self.rank, self.world_size)]
+
+    def _with_reference(self, part: _Part) -> _Part:
+        """``part`` (rows or a pack) with the reference model's log-probs of its tokens (KL term only)."""
+        if self.ref_model is None:
+            return part
+        device = next(self.ref_model.parameters()).device
+        with torch.no_grad():
+            ref = part.to(device).logprobs(self.ref_model, self.temperature)
+        return part.with_reference(ref.cpu())
 
     def _weights(self) -> dict[str, torch.Tensor] | None:
         return full_state_dict(self.module)

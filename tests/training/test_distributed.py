@@ -1,6 +1,6 @@
 """The data-parallel update (2 gloo processes: DDP, FSDP2, LoRA under FSDP2; and 2 Ray actors) equals the
-single-process update on the same rows; merged LoRA weights reproduce the adapter; gradient checkpointing does
-not change the step."""
+single-process update on the same rows, with rows or packs (packing.py) on the ranks; merged LoRA weights
+reproduce the adapter; gradient checkpointing does not change the step."""
 
 from __future__ import annotations
 
@@ -26,10 +26,14 @@ from trace_gym.training.distributed import (  # noqa: E402
     spawn,
     token_logprobs,
 )
+from trace_gym.training.learner import Sample, update_batch  # noqa: E402
+from trace_gym.training.packing import pack_batches, shard_packs, trie_order  # noqa: E402
 
 LORA = LoraSettings(r=4, alpha=8)
 SCENARIOS = {"ddp": ("ddp", None), "fsdp": ("fsdp", None), "lora_fsdp": ("fsdp", LORA)}
 ROWS, MICRO = 5, 2  # ranks get 3 and 2 rows: 2 micro-batches each, the second rank's last one is padding
+PACKED = {"packed_ddp": ("ddp", None, 9), "packed_fsdp": ("fsdp", None, 9), "packed_lora_fsdp": ("fsdp", LORA, 9),
+          "packed_idle": ("ddp", None, 1)}  # name -> strategy, LoRA, rows (1 row: the second rank has no pack)
 
 
 def tiny_model(seed: int = 0):
@@ -55,7 +59,26 @@ def make_batch(seed: int = 0) -> UpdateBatch:
     return UpdateBatch(ids, attention, loss_mask, old, advantages)
 
 
-def train_once(model, batch: UpdateBatch, strategy: str = "single", lora: LoraSettings | None = None,
+def make_samples(n: int, seed: int = 0) -> list[Sample]:
+    """``n`` rows of a small forest: two prompts, two turns, siblings that share their parent's context."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(k: int) -> list[int]:
+        return torch.randint(0, 300, (k,), generator=g).tolist()
+
+    out = []
+    for i in range(n):
+        prompt = [7, 8, 9, *([11] * (i % 2))]
+        turn1 = ids(3) if i % 3 else [5, 6, 7]  # some first actions repeat
+        context = prompt if i % 4 < 2 else prompt + turn1 + ids(2)
+        action = ids(2 + i % 3)
+        # behaviour log-probs near the random model's -log(300), so that some ratios are clipped and some not
+        out.append(Sample(context, action, (-5.7 + 0.3 * torch.randn(len(action), generator=g)).tolist(),
+                          float(torch.randn(1, generator=g))))
+    return [out[i] for i in trie_order([s.context + s.action for s in out], torch.Generator().manual_seed(seed))]
+
+
+def train_once(model, batch, strategy: str = "single", lora: LoraSettings | None = None,
                checkpointing: bool = False):
     torch.manual_seed(1)  # LoRA's A init
     model = prepare_model(model, strategy, lora=lora, gradient_checkpointing=checkpointing)
@@ -72,6 +95,10 @@ def _ranks(rank: int, world_size: int, out: str) -> None:
     for name, (strategy, lora) in SCENARIOS.items():
         model, stats = train_once(tiny_model(), batch.shard(rank, world_size), strategy, lora)
         results[name] = (full_state_dict(model), stats)
+    for name, (strategy, lora, n) in PACKED.items():
+        packs = pack_batches(make_samples(n), max_tokens=12, parts=world_size)
+        model, stats = train_once(tiny_model(), shard_packs(packs, rank, world_size), strategy, lora)
+        results[name] = (full_state_dict(model), stats)
     if rank == 0:
         torch.save(results, out)
 
@@ -84,8 +111,10 @@ def distributed(tmp_path_factory) -> dict:
 
 
 @functools.cache
-def _single(lora: LoraSettings | None = None, checkpointing: bool = False):
-    model, stats = train_once(tiny_model(), make_batch(), lora=lora, checkpointing=checkpointing)
+def _single(lora: LoraSettings | None = None, checkpointing: bool = False, samples: int = 0):
+    """One process; with ``samples``, the rows of `make_samples`."""
+    batch = update_batch(make_samples(samples), pad_id=0) if samples else make_batch()
+    model, stats = train_once(tiny_model(), batch, lora=lora, checkpointing=checkpointing)
     return model, full_state_dict(model), stats
 
 
@@ -114,6 +143,16 @@ def test_data_parallel_stats_equal_single_process(distributed):
 def test_lora_under_fsdp_equals_single_process_lora(distributed):
     state, _ = distributed["lora_fsdp"]
     _assert_same_update(state, _single(lora=LORA)[1])
+
+
+@pytest.mark.parametrize("scenario", list(PACKED))
+def test_data_parallel_packed_update_equals_single_process_rows(distributed, scenario):
+    _, lora, n = PACKED[scenario]
+    state, stats = distributed[scenario]
+    _, want, want_stats = _single(lora=lora, samples=n)
+    _assert_same_update(state, want)
+    for key in ("loss/total", "loss/tokens", "loss/clip_frac", "loss/ratio_mean", "loss/grad_norm"):
+        assert stats[key] == pytest.approx(want_stats[key], rel=1e-4, abs=1e-6), key
 
 
 def test_merged_lora_weights_reproduce_the_adapter():
