@@ -357,7 +357,7 @@ def report(result: EvalResult, about: dict[str, Any], seconds: float, out: Path 
     if out is not None:
         summary["files"] = write_outputs(result, out, about["command"], summary)
     if as_json:
-        console.print_json(json.dumps(summary))
+        console.out(json.dumps(summary, indent=2), highlight=False)  # plain JSON, for jq, even on a terminal
     else:
         console.print(summary_table(summary))
     return summary
@@ -381,12 +381,12 @@ def summary_table(summary: dict[str, Any]) -> Any:
     table = Table(title=f"trace-gym {summary['command']}", box=box.SIMPLE_HEAD, show_header=False, title_justify="left")
     table.add_column("", style="bold")
     table.add_column("", overflow="fold")
-    per_task = f"{summary['samples']} sample(s)"
+    per_task = _count(summary["samples"], "sample")
     if summary["branches"]:
-        per_task += f" + {summary['branches']} branch(es)"
+        per_task = f"({per_task} + {_count(summary['branches'], 'branch')})"
     env_args = " ".join(f"{k}={v}" for k, v in summary["env_args"].items())
     rows = [("env", f"{summary['env']} {env_args}".strip()), ("policy", summary["policy"]),
-            ("episodes", f"{summary['episodes']} ({summary['tasks']} tasks x {per_task})"),
+            ("episodes", f"{summary['episodes']} ({_count(summary['tasks'], 'task')} x {per_task})"),
             ("success", success_text(summary)),
             ("mixed tasks", f"{summary['mixed_tasks']} of {summary['tasks']} (both a success and a failure)"),
             ("mean turns", f"{summary['mean_turns']:.2f}"),
@@ -396,3 +396,7 @@ def summary_table(summary: dict[str, Any]) -> Any:
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
