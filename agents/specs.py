@@ -31,7 +31,7 @@ import gymnasium as gym
 from trace_gym.agents.policy import Policy
 from trace_gym.errors import ConfigError
 
-FORMS = "expert, expert:NOISE, a model folder, hf:PATH, vllm:PATH, openai:MODEL or http(s)://HOST/v1"
+FORMS = "expert, expert:NOISE, a model folder, hf:PATH, vllm:PATH, openai:MODEL, openai or http(s)://HOST/v1"
 Backend = Literal["expert", "hf", "vllm", "openai"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

@@ -55,7 +55,9 @@ def _config(command: str, args: argparse.Namespace) -> TrainConfig:
         fix = "trace-gym train --config configs/quickstart.yaml" if command == "train" else \
             "trace-gym eval --checkpoint RUN_DIR (its own config), trace-gym eval --config configs/quickstart.yaml, " \
             "or any policy on an env: trace-gym eval --env trace/Arithmetic-v0 --policy expert"
-        raise ConfigError(f"expected --config FILE, got none; fix: {fix}")
+        what = "--config FILE" if command == "train" else \
+            "what to evaluate (--checkpoint RUN_DIR, --config FILE, or --env SPEC with --policy SPEC)"
+        raise ConfigError(f"expected {what}, got none; fix: {fix}")
     overrides = list(args.overrides or [])
     if resume is not None and not any(o.startswith("run_dir=") for o in overrides):
         overrides.append(f"run_dir={resume}")

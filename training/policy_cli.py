@@ -60,6 +60,9 @@ BACKEND_FLAGS: dict[str, tuple[str, tuple[Backend, ...]]] = {
     "--max-model-len": ("max_model_len", ("vllm",)),
 }
 
+BACKEND_WORDS: dict[str, str] = {"expert": "the scripted expert", "hf": "a model folder (hf:PATH)",
+                                 "vllm": "vllm:PATH", "openai": "a server (openai:MODEL, openai or a URL)"}
+
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     """The env, policy, sampling and output options of ``command`` ("eval" or "rollout")."""
@@ -182,8 +185,8 @@ def policy_run(command: str, args: argparse.Namespace) -> PolicyRun:
         if value is None:
             continue
         if backend not in readers:
-            raise ConfigError(f"expected {flag} only with a {' or '.join(readers)} policy, got --policy "
-                              f"{args.policy} (a {backend} policy); fix: drop {flag}"
+            raise ConfigError(f"expected {flag} only with {' or '.join(BACKEND_WORDS[r] for r in readers)}, got "
+                              f"--policy {args.policy} ({BACKEND_WORDS[backend]}); fix: drop {flag}"
                               + (" or use --policy openai:NAME" if readers == ("openai",) else ""))
         options = dataclasses.replace(options, **{name: value})
     keep_trees = command == "rollout" or bool(getattr(args, "trees", False))

@@ -226,8 +226,8 @@ def test_output_to_a_pipe_has_no_progress_bar():
 
 @pytest.mark.parametrize(("argv", "expected"), [
     (["--policy", "no-such-model"], "expected a policy spec"),
-    (["--policy", "expert", "--base-url", "http://127.0.0.1:9/v1"], "expected --base-url only with a openai"),
-    (["--policy", "expert", "--dtype", "float32"], "expected --dtype only with a hf or vllm policy"),
+    (["--policy", "expert", "--base-url", "http://127.0.0.1:9/v1"], "expected --base-url only with a server"),
+    (["--policy", "expert", "--dtype", "float32"], "--dtype only with a model folder (hf:PATH) or vllm:PATH"),
     (["--policy", "expert:2"], "expected expert noise in [0, 1]"),
     (["--policy", "expert", "--tasks", "-1"], "expected --tasks >= 0"),
     (["--policy", "expert", "--samples", "0"], "expected --samples >= 1"),

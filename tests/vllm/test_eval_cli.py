@@ -57,3 +57,12 @@ def test_the_readme_served_model_command_runs_against_the_server(server, tmp_pat
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     out = " ".join(result.stdout.split())
     assert "openai:tiny" in out and "8 (8 tasks x 1 sample)" in out and "95% interval" in out
+
+
+def test_a_vllm_spec_evaluates_on_the_offline_engine(nano_dir):
+    result = trace_gym("eval", "--env", "trace/Arithmetic-v0", "--env-arg", "n_tasks=2", "--env-arg", "max_turns=2",
+                       "--policy", f"vllm:{nano_dir}", "--dtype", "float32", "--max-model-len", "1024", "--tasks",
+                       "2", "--max-new-tokens", "8", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["policy"] == f"vllm:{nano_dir}" and summary["episodes"] == 2
