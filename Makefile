@@ -24,11 +24,10 @@ $(STAMP): pyproject.toml Makefile
 lint: venv
 	$(VENV)/bin/ruff check .
 
-# The viewer's browser tests need Debian's chromium, the sandbox's jail libseccomp; the scripts do nothing when
-# they are already installed.
+# The viewer's browser tests need Debian's chromium, the sandbox's jail libseccomp; the script installs only
+# what is missing.
 test: venv
-	bash scripts/install_chromium.sh
-	bash scripts/install_sandbox.sh
+	bash scripts/install_system_deps.sh
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

@@ -236,8 +236,8 @@ class Chrome:
 def chrome() -> Iterator[Chrome]:
     if CHROMIUM is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI; fix: run scripts/install_chromium.sh in the set-up")
-        pytest.skip("chromium not installed; run scripts/install_chromium.sh")
+            pytest.fail("chromium is missing in CI; fix: run scripts/install_system_deps.sh in the set-up")
+        pytest.skip("chromium not installed; run scripts/install_system_deps.sh")
     browser = Chrome()
     yield browser
     browser.close()
