@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # transformers and huggingface_hub draw their own tqdm bars (weight loading, downloads): they would tear
     # through our rich progress bars. Both read this variable when they are first imported.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # vLLM logs to stdout by default; a command's stdout is its output (tables, --json), so logs go to stderr.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         module = importlib.import_module(COMMANDS[command][0])
         parser = argparse.ArgumentParser(prog=f"trace-gym {command}", description=COMMANDS[command][1],
