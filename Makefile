@@ -51,11 +51,13 @@ quickstart: venv
 # The fast benchmarks (a few minutes each on 2 cores); drop --quick for the full settings.
 bench: venv
 	$(PY) benchmarks/retrieval.py --quick
+	$(PY) benchmarks/qa_rewards.py
 	$(PY) benchmarks/snapshot.py --quick
 	$(PY) benchmarks/sandbox.py --quick
 	$(PY) benchmarks/bfcl.py --quick
 	$(PY) benchmarks/generation.py --quick
 	$(PY) benchmarks/allocation.py --quick
+	$(PY) benchmarks/update.py --quick
 	$(PY) benchmarks/learning.py --quick      # first run: + ~4 min to warm-start the tiny model (cached)
 
 # The API reference from the docstrings (mkdocs + mkdocstrings), into site/; --strict fails on any broken
