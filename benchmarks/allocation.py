@@ -292,7 +292,7 @@ def allocation_step(trainer: Any, step: int) -> dict[str, float]:
     from trace_gym.agents.policy import sample_seed
     from trace_gym.training.collector import CollectStats
     from trace_gym.training.metrics import tree_metrics
-    from trace_gym.training.trainer import allocate_roots, fit_predictor, plan_continuations
+    from trace_gym.training.trainer import allocate_roots, fit_predictor, plan_continuations, trees_by_index
 
     cfg = trainer.cfg
     rng = np.random.default_rng([cfg.seed, step])
@@ -305,7 +305,8 @@ def allocation_step(trainer: Any, step: int) -> dict[str, float]:
                                  trainer.budget, rng)
     stats += trainer.collector.continuations(plan, seed=sample_seed(cfg.seed, step, 1))
     trees = list(trainer.collector.trees.values())
-    m: dict[str, Any] = {**stats.metrics("rollout/"), **tree_metrics(trees, cfg.optim.advantage)}
+    trust = trainer.allocator.observe(trees_by_index(trainer.collector.trees, pool))
+    m: dict[str, Any] = {**stats.metrics("rollout/"), **tree_metrics(trees, cfg.optim.advantage), **trust}
     m.update(fit_predictor(trainer.predictor, trees))
     row = {k: float(m.get(key, float("nan"))) for k, key in METRICS.items() if key}
     row["brier_true"] = float("nan")  # no exact values on real envs

@@ -17,6 +17,8 @@ from trace_gym.errors import ConfigError
 from .advantages import ADVANTAGE_METHODS
 from .allocators import ALLOCATORS
 
+OPTIMIZERS = ("adamw", "sgd", "normalized_sgd")  # training/optimizers.py builds them
+
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
@@ -197,11 +199,17 @@ class OptimConfig:
     """The policy update."""
 
     lr: float = 1e-6
-    """AdamW learning rate."""
+    """Learning rate (for normalized_sgd: the length of each step in parameter space)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
+    optimizer: str = "adamw"
+    """adamw, sgd or normalized_sgd (a step of length lr along the gradient; training/optimizers.py)."""
+    eps: float = 1e-8
+    """AdamW epsilon: gradients far below it move their weights less than lr (towards SGD's behaviour)."""
+    momentum: float = 0.0
+    """Heavy-ball momentum of sgd and normalized_sgd."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables)."""
     mini_batch: int = 64
@@ -228,6 +236,10 @@ class OptimConfig:
                f"expected optim.weight_decay, grad_clip >= 0, got {self.weight_decay}, {self.grad_clip}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                f"expected optim.betas as two numbers in [0, 1), got {self.betas}; fix: optim.betas=[0.9,0.999]")
+        _check(self.optimizer in OPTIMIZERS, f"expected optim.optimizer in {OPTIMIZERS}, got {self.optimizer!r}; "
+               "fix: optim.optimizer=adamw")
+        _check(self.eps > 0 and 0 <= self.momentum < 1,
+               f"expected optim.eps > 0 and 0 <= optim.momentum < 1, got {self.eps}, {self.momentum}")
         _check(self.mini_batch >= 1 and 1 <= self.micro_batch <= self.mini_batch,
                f"expected 1 <= optim.micro_batch <= mini_batch, got {self.micro_batch}, {self.mini_batch}; "
                "fix: optim.micro_batch=8")

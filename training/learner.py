@@ -48,6 +48,7 @@ from .distributed import (
     unwrap,
     world,
 )
+from .optimizers import make_optimizer
 
 
 @dataclass
@@ -105,8 +106,10 @@ class Learner:
         self.module = prepare_model(model, m.strategy, lora=self.lora,
                                     gradient_checkpointing=m.gradient_checkpointing, param_dtype=param_dtype)
         self.module.eval()
-        self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                                           betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        o = cfg.optim
+        self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad], o.optimizer,
+                                        lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                        momentum=o.momentum)
         if optimizer_state is not None:
             self._load_optimizer(optimizer_state)
 

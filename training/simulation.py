@@ -209,6 +209,7 @@ def simulate_step(allocator: Allocator, predictor: Predictor, pool: Sequence[Tas
         sim_states.append(state)
 
     metrics: dict[str, Any] = dict(tree_metrics(trees, advantage))
+    metrics.update(allocator.observe(dict(zip(roots, trees))))  # before the fit, as in the trainer
     metrics["alloc/budget"] = float(budget.total)
     metrics["alloc/budget_used"] = metrics["rollout/trajectories"]
     metrics["alloc/pool_true_mixed"] = _pool_mixed_mass(pool)

@@ -93,6 +93,11 @@ def annotate_roots(trees: Mapping[str, RolloutTree], pool: Sequence[Task], value
         tree.root.meta["alloc"] = {"continuations": m, "utility": utility, "stage": "root"}
 
 
+def trees_by_index(trees: Mapping[str, RolloutTree], pool: Sequence[Task]) -> dict[int, RolloutTree]:
+    """{pool index: tree} of the step's prompts, for allocators that learn from outcomes (`Allocator.observe`)."""
+    return {i: trees[t.id] for i, t in enumerate(pool) if t.id in trees}
+
+
 def open_prefixes(tree: RolloutTree) -> list[int]:
     """Non-terminal nodes of depth >= 1 (after bare rollouts: each lies on one rollout)."""
     return [n.id for n in tree.nodes if n.depth >= 1 and not n.is_terminal]
@@ -398,6 +403,7 @@ class Trainer:
             metrics.update(m)
             stats += self.collector.continuations(plan, seed=sample_seed(cfg.seed, step, 1))
         trees = list(self.collector.trees.values())
+        metrics.update(self.allocator.observe(trees_by_index(self.collector.trees, pool)))
         metrics.update(stats.metrics("rollout/"))
         metrics["alloc/budget"] = float(stats.trajectories)
         metrics.update(tree_metrics(trees, cfg.optim.advantage))  # type: ignore[arg-type]
@@ -508,13 +514,15 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoint state
     def _state(self) -> dict[str, Any]:
-        return {"step": self.step_count, "data_position": self.stream.position, "history": self.history}
+        return {"step": self.step_count, "data_position": self.stream.position, "history": self.history,
+                "allocator": self.allocator.state_dict()}
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         self.predictor.load_state_dict(state["predictor"])
         self.step_count = int(state["trainer"]["step"])
         self.stream.position = int(state["trainer"]["data_position"])
         self.history = state["trainer"]["history"]
+        self.allocator.load_state_dict(state["trainer"].get("allocator", {}))
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
 
