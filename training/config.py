@@ -187,8 +187,15 @@ class PredictorConfig:
     """Learning rate of its fit (FeaturePredictor's default)."""
     steps: int = 60
     """Optimiser steps per training step."""
+    replay: int = 0
+    """Fit on the examples of the last this-many steps together (0: this step's only)."""
+    prior_strength: float = 0.0
+    """> 0: value a revisited prompt by its own past outcomes, the shared prediction a prior worth this many
+    rollouts (training/predictor.py, PromptPosterior); 0: off."""
 
     def __post_init__(self) -> None:
+        _check(self.replay >= 0 and self.prior_strength >= 0, f"expected predictor.replay >= 0 and "
+               f"predictor.prior_strength >= 0, got {self.replay}, {self.prior_strength}")
         _check(self.kind in ("features", "hidden"),
                f"expected predictor.kind 'features' or 'hidden', got {self.kind!r}; fix: predictor.kind=features")
         _check(self.lr > 0 and self.steps >= 0, f"expected predictor.lr > 0, steps >= 0, got {self.lr}, {self.steps}")

@@ -165,23 +165,36 @@ def expert_logprob(model: torch.nn.Module, seqs: Sequence[tuple[list[int], list[
     return np.concatenate(out) if out else np.zeros(0)
 
 
+def collect_batches(trainer: Any, repeats: int, seed: int) -> list[tuple[list[Any], dict[str, float]]]:
+    """``repeats`` independent step batches (trained samples, tree metrics) at the trainer's current policy;
+    the data position is restored afterwards."""
+    position = trainer.stream.position
+    try:
+        return [collect_samples(trainer, _seed(seed, 1, r)) for r in range(repeats)]
+    finally:
+        trainer.stream.position = position
+
+
 def signal_check(trainer: Any, repeats: int = 1, tasks: int = 200, samples: int = 4,
-                 measure: Measure = "sampled", seed: int | None = None) -> dict[str, Any]:
+                 measure: Measure = "sampled", seed: int | None = None,
+                 batches: Sequence[tuple[list[Any], dict[str, float]]] | None = None,
+                 held: HeldOut | None = None, base: np.ndarray | None = None) -> dict[str, Any]:
     """The shuffled-advantage check on ``trainer`` (see the module docstring); returns paired differences
-    ``true_vs_before``, ``shuffled_vs_before``, ``true_vs_shuffled`` and the base level."""
+    ``true_vs_before``, ``shuffled_vs_before``, ``true_vs_shuffled`` and the base level. ``batches``
+    (`collect_batches`), ``held`` and its ``base`` values may be passed to compare optimiser settings on the
+    same rollouts and prompts."""
     if repeats < 1:
         raise ConfigError(f"expected repeats >= 1, got {repeats}")
     seed = trainer.cfg.seed if seed is None else seed
     learner = trainer.learner
     weights = copy.deepcopy(learner.model.state_dict())
     opt_state = copy.deepcopy(learner.optimizer.state_dict())
-    position = trainer.stream.position
-    held = HeldOut(trainer, tasks, samples, measure)
-    base = held(_seed(seed, 0))
+    held = held or HeldOut(trainer, tasks, samples, measure)
+    base = held(_seed(seed, 0)) if base is None else base
+    batches = list(batches) if batches is not None else collect_batches(trainer, repeats, seed)
     true_d, shuf_d, nodes, ratios = [], [], [], []
     try:
-        for r in range(repeats):
-            samples_r, m = collect_samples(trainer, _seed(seed, 1, r))
+        for r, (samples_r, m) in enumerate(batches):
             nodes.append(len(samples_r))
             ratios.append(m["alloc/effective_ratio"])
             arms = {"true": samples_r, "shuffled": shuffled(samples_r, np.random.default_rng(_seed(seed, 2, r)))}
@@ -195,10 +208,9 @@ def signal_check(trainer: Any, repeats: int = 1, tasks: int = 200, samples: int 
     finally:
         learner.model.load_state_dict(weights)
         learner.optimizer.load_state_dict(opt_state)
-        trainer.stream.position = position
     t_mean, s_mean = np.mean(true_d, axis=0), np.mean(shuf_d, axis=0)
-    return {"measure": measure, "tasks": len(base), "samples": samples if measure == "sampled" else 0,
-            "repeats": repeats, "before": float(base.mean()), "true": float(t_mean.mean()),
+    return {"measure": held.measure, "tasks": len(base), "samples": held.samples if held.measure == "sampled" else 0,
+            "repeats": len(batches), "before": float(base.mean()), "true": float(t_mean.mean()),
             "shuffled": float(s_mean.mean()), "true_vs_before": PairedDiff.of(t_mean - base),
             "shuffled_vs_before": PairedDiff.of(s_mean - base), "true_vs_shuffled": PairedDiff.of(t_mean - s_mean),
             "nodes": float(np.mean(nodes)), "effective_ratio": float(np.mean(ratios))}

@@ -48,7 +48,7 @@ from .evaluate import evaluate_policy
 from .learner import Learner, Sample, join_process_group
 from .logging import MetricsLogger
 from .metrics import brier, calibration_metrics, rank_correlation, tree_metrics
-from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix, training_examples
+from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix, training_examples, with_memory
 
 if TYPE_CHECKING:
     from .ray_workers import RayTreeCollector
@@ -348,11 +348,12 @@ class Trainer:
         # The generation backend shares the trained model when it can, else holds its own copy or engine.
         self.policy = (make_policy(cfg, self.learner.model, self.tokenizer, model_path)
                        if self.learner.shares_weights else worker_policy(cfg, model_path))
-        self.predictor: Predictor = (
+        self.predictor: Predictor = with_memory(
             FeaturePredictor(lr=cfg.predictor.lr, steps=cfg.predictor.steps) if cfg.predictor.kind == "features"
             else HiddenStatePredictor(hidden_state_fn(self._features_model(), self.tokenizer),
                                       self.learner.config.hidden_size,
-                                      lr=cfg.predictor.lr, steps=cfg.predictor.steps, seed=cfg.seed))
+                                      lr=cfg.predictor.lr, steps=cfg.predictor.steps, seed=cfg.seed),
+            cfg.predictor.replay, cfg.predictor.prior_strength)
         self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
         self.budget = StepBudget(cfg.alloc.roots, cfg.alloc.multiplier)
         self.stream = TaskStream(dataset_of(self.make_env), cfg.seed)
