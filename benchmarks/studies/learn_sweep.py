@@ -71,7 +71,7 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=4,
                    help="sampled episodes per prompt at the last step (and before); 0: expert probability only")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log", type=Path, default=Path("notes/learn_sweep.jsonl"))
+    p.add_argument("--log", type=Path, default=Path("benchmarks/studies/logs/learn_sweep.jsonl"))
     args = p.parse_args()
     torch.set_num_threads(2)
     model_path = warm_start(args.sft_steps)

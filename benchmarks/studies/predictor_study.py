@@ -158,7 +158,7 @@ def main() -> None:
     p.add_argument("--predictors", nargs="*", default=None)
     p.add_argument("--allocators", nargs="*", default=["grpo", "pcl", "trace", "trace_adaptive"])
     p.add_argument("--model", default=None, help="model folder for the hidden-state predictor")
-    p.add_argument("--out", type=Path, default=Path("notes/predictor_study.jsonl"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/studies/logs/predictor_study.jsonl"))
     args = p.parse_args()
     visits, table = load(args.case)
     makers: dict[str, Callable[[], Any]] = {

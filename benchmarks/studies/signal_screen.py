@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--measure", default="expert", choices=("expert", "sampled"))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log", type=Path, default=Path("notes/signal_screen.jsonl"))
+    p.add_argument("--log", type=Path, default=Path("benchmarks/studies/logs/signal_screen.jsonl"))
     args = p.parse_args()
     torch.set_num_threads(2)
     model_path = warm_start(args.sft_steps)

@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--difficulty", type=int, nargs="+", default=[3])
     p.add_argument("--tasks", type=int, default=200)
     p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--log", type=Path, default=Path("notes/warm_levels.jsonl"))
+    p.add_argument("--log", type=Path, default=Path("benchmarks/studies/logs/warm_levels.jsonl"))
     args = p.parse_args()
     torch.set_num_threads(2)
     for sft_steps in args.sft_steps:
