@@ -9,6 +9,7 @@ spec                   policy
 ``vllm:PATH``          the same folder on a vLLM engine (``VLLMPolicy``; needs the ``vllm`` extra)
 ``openai:MODEL``       model ``MODEL`` of an OpenAI-compatible server at ``options.base_url`` (else
                        ``$OPENAI_BASE_URL``), e.g. a ``vllm serve`` (``OpenAIPolicy``)
+``openai``             the same; the model is ``options.model``, else the one model the server serves
 ``http(s)://HOST/v1``  that server; the model is ``options.model``, else the one model it serves
 =====================  ===========================================================================
 
@@ -30,7 +31,8 @@ import gymnasium as gym
 from trace_gym.agents.policy import Policy
 from trace_gym.errors import ConfigError
 
-FORMS = "expert, expert:NOISE, a model folder, hf:PATH, vllm:PATH, openai:MODEL or http(s)://HOST/v1"
+FORMS = "expert, expert:NOISE, a model folder, hf:PATH, vllm:PATH, openai:MODEL, openai or http(s)://HOST/v1"
+Backend = Literal["expert", "hf", "vllm", "openai"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -74,23 +76,34 @@ def policy_from_spec(spec: str, options: PolicyOptions | None = None,
     """The `Policy` that ``spec`` names (module docstring). ``make_env`` is needed by ``expert`` only: the
     expert comes from ``make_env().unwrapped.expert`` and is re-seeded per request (``ExpertPolicy``)."""
     options = options or PolicyOptions()
+    backend = backend_of(spec)
+    kind, _, rest = spec.partition(":")
+    if backend == "openai" and spec.startswith(("http://", "https://")):
+        return _openai(options.model, spec, options)
+    if backend == "openai":
+        if rest and options.model and rest != options.model:
+            raise ConfigError(f"expected one model name, got {spec!r} and options.model={options.model!r}; fix: "
+                              "name the model once (openai:NAME, or openai with the model option)")
+        return _openai(rest or options.model, options.base_url or os.environ.get("OPENAI_BASE_URL"), options)
+    if backend == "expert":
+        return _expert(spec, rest, options, make_env)
+    if backend == "vllm":
+        return _vllm(rest, options)
+    return _hf(rest, options, hub=True) if kind == "hf" else _hf(spec, options, hub=False)
+
+
+def backend_of(spec: str) -> Backend:
+    """Which backend ``spec`` names ("expert", "hf", "vllm" or "openai"), from its form alone (nothing is loaded
+    or contacted); a string of no form, and not an existing path, raises ``ConfigError``."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"expected a policy spec ({FORMS}), got {spec!r}; fix: e.g. expert or models/tiny")
-    kind, _, rest = spec.partition(":")
-    if spec.startswith(("http://", "https://")):
-        return _openai(options.model, spec, options)
-    if kind == "expert":
-        return _expert(spec, rest, options, make_env)
-    if kind == "vllm":
-        return _vllm(rest, options)
-    if kind == "openai":
-        if not rest:
-            raise ConfigError(f"expected openai:MODEL, got {spec!r}; fix: e.g. openai:Qwen3-8B")
-        return _openai(rest, options.base_url or os.environ.get("OPENAI_BASE_URL"), options)
-    if kind == "hf":
-        return _hf(rest, options, hub=True)
+    kind = spec.partition(":")[0]
+    if spec.startswith(("http://", "https://")) or kind == "openai":
+        return "openai"
+    if kind in ("expert", "vllm", "hf"):
+        return kind  # type: ignore[return-value]
     if Path(spec).exists():
-        return _hf(spec, options, hub=False)
+        return "hf"
     raise ConfigError(f"expected a policy spec ({FORMS}), got {spec!r} (no such folder either); fix: "
                       "trace-gym model init --out models/tiny builds a model folder; the scripted expert is 'expert'")
 
@@ -190,7 +203,7 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions) -> 
                                                   if Path(options.tokenizer).exists() else options.tokenizer)
     policy = OpenAIPolicy(base_url, model or "", tokenizer=tokenizer, api_key=api_key, server=options.server,
                           timeout=options.timeout, max_retries=options.max_retries, concurrency=options.concurrency)
-    if model is None:
+    if not model:
         served = policy.models()
         if len(served) != 1:
             raise ConfigError(f"expected a model name for {base_url} (it serves {', '.join(served) or 'none'}), "

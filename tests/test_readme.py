@@ -36,12 +36,17 @@ SHRUNK = {
         "--episodes 16 --steps 3 --batch-size 4 --eval-episodes 2",
     "trace-gym train --config configs/quickstart.yaml": TINY,
     "trace-gym train --config configs/quickstart.yaml alloc.allocator=grpo run_dir=runs/quickstart/grpo": TINY,
+    "trace-gym eval --env trace/Arithmetic-v0 --policy models/tiny --tasks 20 --out results/tiny --trees":
+        "--tasks 2 --max-new-tokens 16",
 }
+SERVED_EVAL = ("trace-gym eval --env trace/Arithmetic-v0 --env-arg max_turns=3 --policy openai:tiny --base-url "
+               "http://127.0.0.1:8000/v1 --tasks 8 --max-new-tokens 32 --concurrency 8")
 SKIPPED = {
     "make quickstart": "the full quickstart (minutes); its command, trace-gym train --config configs/quickstart.yaml, "
                        "runs here at test size",
     "make test": "this test suite",
     "vllm serve models/tiny --served-model-name tiny --port 8000": "needs vLLM: make test-vllm serves the model so",
+    SERVED_EVAL: "needs a model server: tests/vllm runs it against a real vllm serve (make test-vllm)",
     ".venv/bin/python benchmarks/allocation.py": "a benchmark (tens of minutes)",
     ".venv/bin/python benchmarks/learning.py": "a benchmark (tens of minutes)",
     "make bench": "the benchmarks (minutes each)",
@@ -52,6 +57,15 @@ CHECKS = {
     "trace-gym train --resume runs/quickstart/rl": lambda p, out: "is complete" in out,
     "trace-gym eval --checkpoint runs/quickstart/rl": lambda p, out: "success" in out,
     "trace-gym view runs/quickstart/rl/trees.jsonl --out trees.html": lambda p, out: (p / "trees.html").is_file(),
+    "trace-gym eval --env trace/Arithmetic-v0 --policy expert:0.2 --tasks 50 --samples 2":
+        lambda p, out: "100 (50 tasks x 2 samples)" in out and "95% interval" in out,
+    "trace-gym eval --env trace/Arithmetic-v0 --policy models/tiny --tasks 20 --out results/tiny --trees":
+        lambda p, out: all((p / "results/tiny" / f).is_file() for f in ("rows.jsonl", "trees.jsonl", "summary.json")),
+    "trace-gym view results/tiny/trees.jsonl --out tiny.html": lambda p, out: (p / "tiny.html").is_file(),
+    "trace-gym rollout --env trace/HotpotQA-v0 --policy expert:0.3 --tasks 20 --branches 3 --out trees/hotpotqa.jsonl":
+        lambda p, out: len((p / "trees/hotpotqa.jsonl").read_text().splitlines()) == 20,
+    "trace-gym eval --env trace/HotpotQA-v0 --env-arg split=dev --env-arg max_turns=4 --policy expert --tasks 10 "
+    "--json": lambda p, out: '"tasks": 10,' in out and '"split": "dev"' in out,
     "trace-gym plot runs/quickstart/rl": lambda p, out: (p / "runs/quickstart/rl/plots/overview.png").is_file(),
     "trace-gym plot runs/quickstart/rl runs/quickstart/grpo --out plots":
         lambda p, out: (p / "plots/overview.png").is_file(),

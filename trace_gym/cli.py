@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("trace_gym.agents.cli", "build the tiny embedded model: model init --out DIR"),
     "sft": ("trace_gym.training.warm_start", "supervised warm start on scripted-expert trajectories"),
     "train": ("trace_gym.training.cli", "train with TRACE or a baseline allocator from a YAML config"),
-    "eval": ("trace_gym.training.cli", "evaluate a model on an environment's held-out tasks"),
+    "eval": ("trace_gym.training.cli", "evaluate any policy, or a run's checkpoint, on an env (success, 95% interval)"),
     "view": ("trace_gym.training.viz_cli", "write a self-contained HTML page of rollout trees"),
     "plot": ("trace_gym.training.viz_cli", "write PNG plots of a training run's metrics"),
 }

@@ -5,15 +5,16 @@
     trace-gym train --config ... model.strategy=fsdp --ray-ranks 8 --gpus-per-rank 1     (ranks on Ray)
     trace-gym eval  --checkpoint RUN_DIR|CKPT_DIR [--config FILE] [key=value ...]
     trace-gym eval  --config configs/quickstart.yaml [key=value ...]
+    trace-gym eval  --env SPEC [--env-arg KEY=VALUE ...] --policy SPEC [options]     (any policy: policy_cli.py)
 
-`eval --checkpoint` reads the run folder's own config.yaml when --config is absent. Resuming a run that already
-reached its `steps` says so and exits 0 (raise `steps=` to train on).
+`eval --checkpoint` reads the run folder's own config.yaml when --config is absent; its sampling flags
+(--tasks, --samples, ...) are overrides of that config. Every form reports through `policy_cli.report`. Resuming
+a run that already reached its `steps` says so and exits 0 (raise `steps=` to train on).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,11 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
                             help="run the data-parallel update (model.strategy ddp|fsdp) on N Ray actors")
         parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="GPUs per Ray rank (with --ray-ranks)")
     else:
+        from . import policy_cli
+
         parser.add_argument("--checkpoint", metavar="DIR",
                             help="evaluate this run's last checkpoint (RUN_DIR) or one checkpoint folder")
-        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+        policy_cli.add_arguments("eval", parser)
 
 
 def _config(command: str, args: argparse.Namespace) -> TrainConfig:
@@ -50,8 +53,11 @@ def _config(command: str, args: argparse.Namespace) -> TrainConfig:
         path = str(_run_config_of(checkpoint))
     if path is None:
         fix = "trace-gym train --config configs/quickstart.yaml" if command == "train" else \
-            "trace-gym eval --checkpoint RUN_DIR (its own config) or trace-gym eval --config configs/quickstart.yaml"
-        raise ConfigError(f"expected --config FILE, got none; fix: {fix}")
+            "trace-gym eval --checkpoint RUN_DIR (its own config), trace-gym eval --config configs/quickstart.yaml, " \
+            "or any policy on an env: trace-gym eval --env trace/Arithmetic-v0 --policy expert"
+        what = "--config FILE" if command == "train" else \
+            "what to evaluate (--checkpoint RUN_DIR, --config FILE, or --env SPEC with --policy SPEC)"
+        raise ConfigError(f"expected {what}, got none; fix: {fix}")
     overrides = list(args.overrides or [])
     if resume is not None and not any(o.startswith("run_dir=") for o in overrides):
         overrides.append(f"run_dir={resume}")
@@ -112,6 +118,12 @@ def run(command: str, args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
+    if command == "eval" and (args.env is not None or args.policy is not None):
+        return _eval_policy(args, console)
+    if command == "eval":
+        from .policy_cli import config_overrides
+
+        args.overrides = [*(args.overrides or []), *config_overrides(args)]
     cfg = _config(command, args)
     if command == "train" and (done := _finished(cfg, args.resume)) is not None:
         console.print(f"{args.resume} is complete: {done} of {cfg.steps} steps (results in "
@@ -145,19 +157,34 @@ def _train(cfg: TrainConfig, resume: str | None, console: Any) -> int:
 
 
 def _eval(cfg: TrainConfig, args: argparse.Namespace, console: Any) -> int:
-    from .evaluate import evaluate_config, evaluated_model
+    import time
 
+    from .evaluate import evaluate_config, evaluated_model
+    from .policy_cli import check_out, progress_bar, report
+
+    out = check_out(args.out, "eval", args.trees)
     model = evaluated_model(cfg, args.checkpoint)
-    result = evaluate_config(cfg, args.checkpoint)
-    lo, hi = result.interval()
-    summary = {"env": cfg.env.id, "model": str(model), "tasks": len(result.tasks), "samples": cfg.eval.samples,
-               "success": result.success, "success_ci95": [lo, hi], "episodes": result.episodes}
-    if args.json:
-        console.print_json(json.dumps(summary))
-    else:
-        console.print(f"{cfg.env.id}  model {model}  success {result.success:.3f} (95% interval {lo:.3f} to "
-                      f"{hi:.3f}) over {result.episodes} episodes ({len(result.tasks)} prompts x {cfg.eval.samples})")
+    start = time.perf_counter()
+    with progress_bar(console, enabled=not args.json, label="eval") as progress:
+        result = evaluate_config(cfg, args.checkpoint, keep_trees=args.trees, progress=progress)
+    about = {"command": "eval", "env": cfg.env.id, "env_args": {**cfg.env.kwargs, **cfg.env.eval_kwargs},
+             "policy": str(model), "model": str(model), "samples": cfg.eval.samples, "branches": 0,
+             "temperature": cfg.eval.temperature, "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.seed}
+    report(result, about, time.perf_counter() - start, out, console, args.json)
     return 0
+
+
+def _eval_policy(args: argparse.Namespace, console: Any) -> int:
+    """`eval --env ... --policy ...`: neither a config nor its overrides apply."""
+    from . import policy_cli
+
+    given = "--checkpoint" if args.checkpoint else "--config" if args.config else args.overrides[0] \
+        if args.overrides else None
+    if given is not None:
+        raise ConfigError(f"expected either a run (--checkpoint/--config [key=value ...]) or a policy on an env "
+                          f"(--env, --policy), got both ({given}); fix: drop {given}"
+                          + (", and set the env's arguments with --env-arg KEY=VALUE" if "=" in given else ""))
+    return policy_cli.run("eval", args, console)
 
 
 def print_summary(summary: dict[str, Any], console: Any) -> None:

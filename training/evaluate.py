@@ -13,15 +13,21 @@ Choices:
 2. Prompts are played ``chunk`` at a time (default 64) through one collector step each, so at most that many
    envs are open; chunk c samples with seed ``sample_seed(seed, c, 0)``. Callers pass a fresh ``seed`` per
    evaluation (the trainer derives it from (run seed, step)), so repeated evaluations do not reuse draws.
+3. ``branches`` (tree rollouts, `trace-gym rollout`): after a chunk's bare rollouts, each tree is continued
+   ``branches`` times, in rounds of one continuation per tree, each from a node drawn uniformly among the
+   tree's open (non-terminal) nodes at that moment, earlier continuations' nodes included; round b samples
+   with ``sample_seed(seed, c, 2 + b)`` and the draws come from a generator seeded with
+   ``sample_seed(seed, c, 1)``. Their leaves count as episodes of the prompt like its bare samples.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -50,7 +56,13 @@ class TaskOutcome:
         """Share of this prompt's samples that succeeded (choice 1)."""
         return float(np.mean([r > 0 for r in self.rewards])) if self.rewards else float("nan")
 
+    @property
+    def mixed(self) -> bool:
+        """Whether the samples hold both a success and a failure (the prompts tree advantages learn from)."""
+        return len({r > 0 for r in self.rewards}) == 2
+
     def row(self) -> dict[str, Any]:
+        """The JSONL row of this prompt: task id, success, and each sample's reward, turns and stop reason."""
         return {"task_id": self.task_id, "success": self.success, "rewards": list(self.rewards),
                 "turns": list(self.turns), "stop_reasons": list(self.stop_reasons)}
 
@@ -65,6 +77,7 @@ class EvalResult:
 
     @property
     def episodes(self) -> int:
+        """Episodes played, over all prompts."""
         return sum(len(t.rewards) for t in self.tasks)
 
     @property
@@ -78,6 +91,7 @@ class EvalResult:
         return mean - half, mean + half
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        """Success, its interval bounds, episodes and mean turns as ``{prefix}name`` floats (a run's metrics)."""
         lo, hi = self.interval()
         turns = [n for t in self.tasks for n in t.turns]
         return {f"{prefix}success": self.success, f"{prefix}success_lo": lo, f"{prefix}success_hi": hi,
@@ -130,25 +144,47 @@ def _stop_reason(leaf: Node) -> str:
     return str(reason) if reason else ("max_turns" if leaf.truncated else "terminated")
 
 
-def rollout_chunks(collector: TreeCollector, counts: Mapping[str, int], seed: int, chunk: int = 64
+def rollout_chunks(collector: TreeCollector, counts: Mapping[str, int], seed: int, chunk: int = 64,
+                   branches: int = 0, progress: Callable[[int], None] | None = None
                    ) -> Iterator[dict[str, RolloutTree]]:
-    """Bare rollouts of ``counts`` (task id -> samples), ``chunk`` prompts per collector step (choice 2);
-    yields each chunk's trees, which stay valid after the next chunk starts."""
+    """Bare rollouts of ``counts`` (task id -> samples), ``chunk`` prompts per collector step (choice 2), then
+    ``branches`` continuations of each tree (choice 3); yields each chunk's trees, which stay valid after the
+    next chunk starts. ``progress(n)`` hears the episodes finished so far after each collector call."""
+    if branches < 0:
+        raise ConfigError(f"expected branches >= 0, got {branches}; fix: e.g. 3 continuations per tree, or 0")
     ids = [tid for tid, m in counts.items() if m > 0]
+    done = 0
     for c, start in enumerate(range(0, len(ids), chunk)):
         collector.begin_step()
-        collector.bare_rollouts({tid: counts[tid] for tid in ids[start:start + chunk]}, sample_seed(seed, c, 0) or 0)
+        done += collector.bare_rollouts({tid: counts[tid] for tid in ids[start:start + chunk]},
+                                        sample_seed(seed, c, 0) or 0).trajectories
+        if progress is not None:
+            progress(done)
+        rng = np.random.default_rng(sample_seed(seed, c, 1))
+        for b in range(branches):
+            starts = {}
+            for tid, tree in collector.trees.items():
+                open_nodes = [n.id for n in tree if not n.is_terminal]  # the root stays open
+                starts[(tid, open_nodes[int(rng.integers(len(open_nodes)))])] = 1
+            done += collector.continuations(starts, sample_seed(seed, c, 2 + b) or 0).trajectories
+            if progress is not None:
+                progress(done)
         yield collector.trees
 
 
 def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed: int,
-             keep_trees: bool = False) -> EvalResult:
-    """``samples`` episodes of each task through ``collector`` (built on the evaluation env and its tasks)."""
+             keep_trees: bool = False, branches: int = 0, progress: Callable[[int, int], None] | None = None
+             ) -> EvalResult:
+    """``samples`` episodes of each task through ``collector`` (built on the evaluation env and its tasks), and
+    ``branches`` continuations of each task's tree (choice 3). ``progress(done, total)`` hears the episodes
+    finished after each collector call (total: every sample and continuation)."""
     if samples < 1:
         raise ConfigError(f"expected samples >= 1, got {samples}")
     outcomes: list[TaskOutcome] = []
     trees: list[RolloutTree] = []
-    for part in rollout_chunks(collector, {t.id: samples for t in tasks}, seed):
+    total = len(tasks) * (samples + branches)
+    report = None if progress is None else (lambda done: progress(done, total))
+    for part in rollout_chunks(collector, {t.id: samples for t in tasks}, seed, branches=branches, progress=report):
         outcomes.extend(_outcome(tree) for tree in part.values())
         if keep_trees:
             trees.extend(part.values())
@@ -166,28 +202,70 @@ def eval_collector(policy: Policy, make_env: Callable[[], gym.Env], tasks: Seque
 
 def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task] | int | None = None,
                     samples: int = 1, sampling: SamplingParams | None = None, seed: int = 0,
-                    keep_trees: bool = False, workers: int = 4, max_context: int = 4096) -> EvalResult:
+                    keep_trees: bool = False, workers: int = 4, max_context: int = 4096, branches: int = 0,
+                    progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Any policy on an env: ``samples`` episodes of each of ``tasks`` (the env's tasks, all of them by default
-    or the first ``tasks`` when an int) through a fresh `TreeCollector`. Token ids are recorded exactly when
-    the policy has a tokenizer (a scripted expert plays on messages)."""
+    or the first ``tasks`` when an int) through a fresh `TreeCollector`, plus ``branches`` continuations of
+    each task's tree (choice 3). Token ids are recorded exactly when the policy has a tokenizer (a scripted
+    expert plays on messages). ``progress(done, total)`` hears every finished episode (a progress bar)."""
     from trace_gym.agents.scripted import ExpertPolicy
 
     from .builders import dataset_of
 
     chosen = list(tasks) if isinstance(tasks, Sequence) else dataset_of(make_env)[:tasks]
     tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
-    collector = TreeCollector(policy, make_env, chosen, sampling or SamplingParams(), tokenizer, "replay", workers,
-                              max_context)
+    counter = None if progress is None else _EpisodeCounter(progress, len(chosen) * (samples + branches))
+    envs = make_env if counter is None else (lambda: _CountingEnv(make_env(), counter))
+    # Replay snapshots cost nothing until a rollout branches; branching restores native snapshots directly.
+    collector = TreeCollector(policy, envs, chosen, sampling or SamplingParams(), tokenizer,
+                              "native" if branches else "replay", workers, max_context)
     try:
-        return evaluate(collector, chosen, samples, seed, keep_trees)
+        return evaluate(collector, chosen, samples, seed, keep_trees, branches,
+                        None if counter is None else counter.reached)
     finally:
         collector.close()
 
 
+class _EpisodeCounter:
+    """Counts finished episodes for ``progress(done, total)``: one per env step that ends an episode (as they
+    happen, from the env threads), set to the collector's exact count after each collector call (a rollout cut
+    at ``max_context`` ends without an env step)."""
+
+    def __init__(self, progress: Callable[[int, int], None], total: int):
+        self.progress, self.total, self.done = progress, total, 0
+        self._lock = threading.Lock()
+
+    # Reported under the lock, so that the counts heard never go backwards.
+    def ended(self) -> None:
+        with self._lock:
+            self.done += 1
+            self.progress(self.done, self.total)
+
+    def reached(self, done: int, total: int) -> None:
+        with self._lock:
+            self.done = max(self.done, done)
+            self.progress(self.done, total)
+
+
+class _CountingEnv(gym.Wrapper):
+    """Tells ``counter`` when a step ends the episode (snapshots and restores go to the env underneath)."""
+
+    def __init__(self, env: gym.Env, counter: _EpisodeCounter):
+        super().__init__(env)
+        self.counter = counter
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        out = self.env.step(action)
+        if out[2] or out[3]:
+            self.counter.ended()
+        return out
+
+
 def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed: int | None = None,
-                    keep_trees: bool = False) -> EvalResult:
+                    keep_trees: bool = False, progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Evaluate the config's model (the SFT output when SFT is enabled) or a checkpoint's on the held-out split
-    (`cfg.eval`: tasks, samples, temperature); ``seed`` defaults to the config's."""
+    (`cfg.eval`: tasks, samples, temperature); ``seed`` defaults to the config's; ``progress`` as in
+    `evaluate_policy`."""
     import torch
 
     from trace_gym.agents.hf import HFPolicy
@@ -201,7 +279,7 @@ def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed
     policy = HFPolicy.from_pretrained(model_path, device=resolve_device(cfg.model.device), dtype=torch.float32)
     sampling = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
     return evaluate_policy(policy, make_env, tasks, cfg.eval.samples, sampling, cfg.seed if seed is None else seed,
-                           keep_trees, cfg.env.workers, cfg.rollout.max_context)
+                           keep_trees, cfg.env.workers, cfg.rollout.max_context, progress=progress)
 
 
 def evaluated_model(cfg: TrainConfig, checkpoint: str | Path | None = None) -> Path:

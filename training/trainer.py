@@ -234,6 +234,8 @@ class Trainer:
         return summary
 
     def summary(self, wall_s: float) -> dict[str, Any]:
+        """The run's summary (summary.json and the final table): allocator, steps, held-out success before and
+        after, effective ratios, budget, generated tokens and ``wall_s``."""
         ev = self.history["eval"]
         ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
         return {

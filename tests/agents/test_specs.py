@@ -11,7 +11,7 @@ from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.openai_backend import OpenAIPolicy
 from trace_gym.agents.policy import Request, SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
-from trace_gym.agents.specs import PolicyOptions, check_model_folder, policy_from_spec
+from trace_gym.agents.specs import PolicyOptions, backend_of, check_model_folder, policy_from_spec
 from trace_gym.env_specs import env_factory
 from trace_gym.errors import ConfigError
 from trace_gym.training.evaluate import evaluate_policy
@@ -122,3 +122,28 @@ def test_a_local_tokenizer_sends_token_prompts(nano_dir):
         policy.generate([Request(messages=[{"role": "user", "content": "hi"}])], SamplingParams())
     sent = server.requests[0]
     assert sent["path"] == "/v1/completions" and all(isinstance(t, int) for t in sent["body"]["prompt"])
+
+
+def test_a_bare_openai_spec_takes_the_model_option_or_the_one_served():
+    with ScriptedServer(models=("only-one",)) as server:
+        assert policy_from_spec("openai", PolicyOptions(base_url=server.url)).model == "only-one"  # type: ignore
+        named = policy_from_spec("openai", PolicyOptions(base_url=server.url, model="other"))
+        assert named.model == "other"  # type: ignore[attr-defined]
+
+
+def test_two_different_model_names_are_a_config_error():
+    with pytest.raises(ConfigError, match="one model name"):
+        policy_from_spec("openai:a", PolicyOptions(base_url="http://127.0.0.1:9/v1", model="b"))
+
+
+@pytest.mark.parametrize(("spec", "backend"), [("expert", "expert"), ("expert:0.3", "expert"), ("hf:org/m", "hf"),
+                                               ("vllm:/m", "vllm"), ("openai", "openai"), ("openai:m", "openai"),
+                                               ("http://127.0.0.1:8000/v1", "openai")])
+def test_the_backend_of_a_spec_comes_from_its_form_alone(spec, backend):
+    assert backend_of(spec) == backend
+
+
+def test_the_backend_of_an_existing_folder_is_transformers(tmp_path):
+    assert backend_of(str(tmp_path)) == "hf"
+    with pytest.raises(ConfigError, match="vllm:PATH"):
+        backend_of(str(tmp_path / "missing"))

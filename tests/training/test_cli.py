@@ -64,3 +64,22 @@ def test_transformers_progress_bars_stay_out_of_the_output(finished_run):
                             capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Loading weights" not in result.stdout + result.stderr and "it/s]" not in result.stderr
+
+
+def test_eval_of_a_run_takes_sampling_flags_as_overrides_and_writes_its_outputs(finished_run, capsys, tmp_path):
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(finished_run), "--tasks", "1", "--samples", "3", "--temperature", "1",
+                 "--out", str(out), "--trees", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["tasks"], summary["samples"], summary["episodes"], summary["temperature"]) == (1, 3, 3, 1.0)
+    assert summary["success_ci95"] == [None, None]  # one task: no interval, and JSON has no NaN
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and len(rows[0]["rewards"]) == 3
+    assert main(["view", str(out / "trees.jsonl"), "--out", str(tmp_path / "trees.html")]) == 0
+
+
+def test_eval_of_a_run_prints_the_summary_table(finished_run, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # the model's path on one line
+    assert main(["eval", "--checkpoint", str(finished_run)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "trace-gym eval" in out and "95% interval" in out and str(finished_run) in out

@@ -105,3 +105,39 @@ def test_eval_command_reports_success_with_its_interval(tmp_path, capsys):
     assert (out["tasks"], out["samples"], out["episodes"]) == (4, 2, 8) and out["model"] == str(model)
     lo, hi = out["success_ci95"]
     assert lo <= out["success"] <= hi
+
+
+def test_branches_continue_each_tree_from_its_open_nodes():
+    from trace_gym.training.evaluate import evaluate_policy
+
+    env = CalcEnv("test", n=5, digits=2)
+    result = evaluate_policy(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=5, digits=2), env.tasks,
+                             samples=2, seed=3, keep_trees=True, workers=1, branches=3)
+    assert result.episodes == 5 * (2 + 3) and all(len(t.rewards) == 5 for t in result.tasks)
+    for tree in result.trees:
+        assert len(tree.leaves()) == 5 and len(tree.root.children) >= 2
+        # every continuation hangs off a node that was open (non-terminal) when it was drawn
+        assert all(not tree[n.parent].is_terminal for n in tree.nodes[1:])
+
+
+def test_branch_points_and_samples_repeat_with_the_seed():
+    from trace_gym.agents.specs import policy_from_spec
+    from trace_gym.env_specs import env_factory
+    from trace_gym.training.evaluate import evaluate_policy
+
+    make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 4})
+    runs = [evaluate_policy(policy_from_spec("expert:0.5", make_env=make_env), make_env, 4, seed=seed,
+                            keep_trees=True, branches=2) for seed in (7, 7, 8)]
+    first, again, other = ([t.to_dict() for t in r.trees] for r in runs)
+    assert first == again and first != other
+
+
+def test_progress_hears_every_episode_up_to_the_total():
+    from trace_gym.training.evaluate import evaluate_policy
+
+    env = CalcEnv("test", n=6, digits=2)
+    heard: list[tuple[int, int]] = []
+    evaluate_policy(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=6, digits=2), env.tasks, samples=2,
+                    workers=2, branches=1, progress=lambda done, total: heard.append((done, total)))
+    assert {total for _, total in heard} == {18} and heard[-1][0] == 18
+    assert len(heard) > 2 and [d for d, _ in heard] == sorted(d for d, _ in heard)
