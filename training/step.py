@@ -1,9 +1,8 @@
 """One step's rollout half over any `Collector`: the driver the trainer, the simulation and the benchmarks share.
 
 allocate roots -> bare rollouts -> plan and run continuations -> metrics -> the allocator observes -> calibrate
-and fit the predictor ->
-annotate the trees. The policy update is the trainer's (`Trainer.step`); with a fixed policy (the simulation,
-the allocation benchmark) this is the whole step.
+and fit the predictor -> annotate the trees. The policy update is the trainer's (`Trainer.step`); with a fixed
+policy (the simulation, the allocation benchmark) this is the whole step.
 
 Choices where the paper is silent:
 1. All randomness of a step derives from (seed, step): the allocators' generator is
