@@ -20,7 +20,7 @@ from _common import mean_ci, pyplot
 
 from trace_gym.tasks import Task
 from trace_gym.training.allocators import ALLOCATORS, StagedAllocator, StepBudget, make_allocator
-from trace_gym.training.predictor import FeaturePredictor, Prefix
+from trace_gym.training.predictor import FeaturePredictor, Prefix, ReplayPredictor
 from trace_gym.training.simulation import TERRAIN, SimCollector, make_tasks, value_at
 from trace_gym.training.step import take_step
 
@@ -72,22 +72,6 @@ class StagePredictor:
 
     def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
         return self.inner.fit(prefixes, targets, weights)
-
-
-class ReplayPredictor:
-    """Fits the inner predictor on the examples of the last ``keep`` fits together (diagnostic)."""
-
-    def __init__(self, inner: Any, keep: int):
-        self.inner, self.keep = inner, keep
-        self.buffer: list[tuple[list[Prefix], np.ndarray, np.ndarray]] = []
-
-    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
-        return self.inner.predict(prefixes)
-
-    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
-        self.buffer = [*self.buffer, (list(prefixes), np.asarray(targets), np.asarray(weights))][-self.keep:]
-        return self.inner.fit([p for b in self.buffer for p in b[0]], np.concatenate([b[1] for b in self.buffer]),
-                              np.concatenate([b[2] for b in self.buffer]))
 
 
 _PROMPT = re.compile(r"Reach (\d+) checkpoints in at most (\d+) moves across (\w+) terrain")

@@ -18,7 +18,7 @@ from trace_gym.tasks import Task
 
 from .collector import Collector, TreeCollector
 from .config import TrainConfig
-from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix
+from .predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix, with_memory
 
 
 def resolve_device(name: str) -> torch.device:
@@ -92,11 +92,15 @@ def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 10
 
 def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., torch.Tensor], int]]) -> Predictor:
     """``predictor.kind``: the text-feature model, or a head on hidden states; ``hidden()`` gives the hidden-state
-    function (`hidden_state_fn`) and its width, and is called only for that kind."""
-    if cfg.predictor.kind == "features":
-        return FeaturePredictor(lr=cfg.predictor.lr, steps=cfg.predictor.steps)
-    fn, size = hidden()
-    return HiddenStatePredictor(fn, size, lr=cfg.predictor.lr, steps=cfg.predictor.steps, seed=cfg.seed)
+    function (`hidden_state_fn`) and its width, and is called only for that kind. ``predictor.replay`` and
+    ``predictor.prior_strength`` wrap it in the memory wrappers (`predictor.with_memory`; off by default)."""
+    p = cfg.predictor
+    if p.kind == "features":
+        inner: Predictor = FeaturePredictor(lr=p.lr, steps=p.steps)
+    else:
+        fn, size = hidden()
+        inner = HiddenStatePredictor(fn, size, lr=p.lr, steps=p.steps, seed=cfg.seed)
+    return with_memory(inner, p.replay, p.prior_strength)
 
 
 def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Task],

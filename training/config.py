@@ -26,6 +26,10 @@ from .allocators import AllocatorName
 TreeSteps = Literal["none", "all", "first_last"]
 """`log.save_trees` by name (an integer N is the other form)."""
 
+OptimizerName = Literal["adamw", "sgd", "normalized_sgd"]
+"""`optim.optimizer`: training/optimizers.py builds each."""
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
+
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
@@ -229,8 +233,15 @@ class PredictorConfig(Section):
     """Learning rate of its fit (FeaturePredictor's default)."""
     steps: int = 60
     """Optimiser steps per training step."""
+    replay: int = 0
+    """Fit on the examples of the last this-many steps together (0: this step's only)."""
+    prior_strength: float = 0.0
+    """> 0: value a revisited prompt by its own past outcomes, the shared prediction a prior worth this many
+    rollouts (training/predictor.py, PromptPosterior); 0: off."""
 
     def validate(self) -> None:
+        _check(self.replay >= 0 and self.prior_strength >= 0, f"expected predictor.replay >= 0 and "
+               f"predictor.prior_strength >= 0, got {self.replay}, {self.prior_strength}")
         _check(self.lr > 0 and self.steps >= 0, f"expected predictor.lr > 0, steps >= 0, got {self.lr}, {self.steps}")
 
 
@@ -241,11 +252,17 @@ class OptimConfig(Section):
     key: ClassVar[str] = "optim"
 
     lr: float = 1e-6
-    """AdamW learning rate."""
+    """Learning rate (for normalized_sgd: the length of each step in parameter space)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
+    optimizer: OptimizerName = "adamw"
+    """adamw, sgd or normalized_sgd (a step of length lr along the gradient; training/optimizers.py)."""
+    eps: float = 1e-8
+    """AdamW epsilon: gradients far below it move their weights less than lr (towards SGD's behaviour)."""
+    momentum: float = 0.0
+    """Heavy-ball momentum of sgd and normalized_sgd."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables)."""
     mini_batch: int = 64
@@ -278,6 +295,8 @@ class OptimConfig(Section):
                f"expected optim.weight_decay, grad_clip >= 0, got {self.weight_decay}, {self.grad_clip}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                f"expected optim.betas as two numbers in [0, 1), got {self.betas}; fix: optim.betas=[0.9,0.999]")
+        _check(self.eps > 0 and 0 <= self.momentum < 1,
+               f"expected optim.eps > 0 and 0 <= optim.momentum < 1, got {self.eps}, {self.momentum}")
         _check(self.mini_batch >= 1 and 1 <= self.micro_batch <= self.mini_batch,
                f"expected 1 <= optim.micro_batch <= mini_batch, got {self.micro_batch}, {self.mini_batch}; "
                "fix: optim.micro_batch=8")

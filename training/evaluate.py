@@ -113,6 +113,15 @@ class PairedDifference:
     hi: float
     tasks: int
 
+    @classmethod
+    def of(cls, diffs: Sequence[float]) -> PairedDifference:
+        """Summarise per-prompt differences (any per-prompt measure, one value per prompt)."""
+        mean, half, n = mean_ci95(list(diffs))
+        return cls(mean, mean - half, mean + half, n)
+
+    def __str__(self) -> str:
+        return f"{self.mean:+.4f} [{self.lo:+.4f}, {self.hi:+.4f}]"
+
 
 def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference:
     """The per-prompt success differences of two evaluations of the same prompts, summarised."""
@@ -121,8 +130,7 @@ def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference
     if set(a) != set(b):
         raise ConfigError(f"expected two evaluations of the same prompts, got {len(set(a) ^ set(b))} prompts in "
                           "only one; fix: evaluate both on the same task list")
-    mean, half, n = mean_ci95([a[tid] - b[tid] for tid in b])
-    return PairedDifference(mean, mean - half, mean + half, n)
+    return PairedDifference.of([a[tid] - b[tid] for tid in b])
 
 
 def _outcome(tree: RolloutTree) -> TaskOutcome:

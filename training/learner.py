@@ -55,6 +55,7 @@ from .distributed import (
     unwrap,
     world,
 )
+from .optimizers import make_optimizer
 from .packing import Pack, pack_batches, packing_unsupported, shard_packs, trie_order
 
 _Part = TypeVar("_Part", bound=MicroBatch)
@@ -122,8 +123,10 @@ class Learner:
             if self.rank == 0:
                 warnings.warn(f"optim.update=packed is not possible: {reason}; the policy update runs one padded "
                               "row per node instead (as optim.update=rows)", RuntimeWarning, stacklevel=2)
-        self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                                           betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        o = cfg.optim
+        self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad], o.optimizer,
+                                        lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                        momentum=o.momentum)
         if optimizer_state is not None:
             self._load_optimizer(optimizer_state)
 

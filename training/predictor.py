@@ -17,6 +17,13 @@ Deviations and choices where the paper is silent:
    measured the simulation's effective ratio under trace at 0.63 with lr 0.05 and 0.82 with lr 0.01.
 4. The hidden-state predictor is a LayerNorm + linear head on the policy's final hidden state at the
    prefix's last token, read without gradient into the policy (the head never changes the policy).
+5. Two optional wrappers (`with_memory`, off by default): ``ReplayPredictor`` fits its inner predictor on the
+   last ``replay`` fits' examples together, and ``PromptPosterior`` values a prompt it has seen (the root
+   prefix only) by a Beta posterior: the shared prediction v as a prior worth ``strength`` rollouts, updated by
+   the prompt's own past outcomes (s successes of n): (strength·v + s) / (strength + n). RL revisits prompts
+   every epoch, and no shared feature knows a prompt's own difficulty as well as its own past groups. On
+   Arithmetic level 2 (docs/learning.md) both moved trace's root stage up by about as much as the seeds'
+   spread, so they are not the default.
 """
 
 from __future__ import annotations
@@ -282,3 +289,80 @@ class HiddenStatePredictor:
             raise ConfigError(f"expected a HiddenStatePredictor state, got kind {state.get('kind')!r}")
         self.head.load_state_dict(state["head"])
         self.opt.load_state_dict(state["opt"])
+
+
+class ReplayPredictor:
+    """Fits ``inner`` on the examples of the last ``keep`` fits together (deviation 5)."""
+
+    def __init__(self, inner: Any, keep: int):
+        if keep < 1:
+            raise ConfigError(f"expected a replay of at least 1 fit, got {keep}")
+        self.inner, self.keep = inner, keep
+        self.buffer: list[tuple[list[Prefix], np.ndarray, np.ndarray]] = []
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        return self.inner.predict(prefixes)
+
+    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+        _check_fit_inputs(prefixes, np.asarray(targets, float), np.asarray(weights, float))
+        self.buffer = [*self.buffer, (list(prefixes), np.asarray(targets, float), np.asarray(weights, float))]
+        self.buffer = self.buffer[-self.keep:]
+        out = self.inner.fit([p for b in self.buffer for p in b[0]], np.concatenate([b[1] for b in self.buffer]),
+                             np.concatenate([b[2] for b in self.buffer]))
+        return {**out, "predictor/replay_examples": float(sum(len(b[0]) for b in self.buffer))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "replay", "inner": self.inner.state_dict(), "buffer": list(self.buffer)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "replay":
+            raise ConfigError(f"expected a ReplayPredictor state, got kind {state.get('kind')!r}")
+        self.inner.load_state_dict(state["inner"])
+        self.buffer = list(state["buffer"])
+
+
+class PromptPosterior:
+    """Root values from each prompt's own past outcomes, shrunk toward ``inner``'s shared prediction
+    (deviation 5); deeper prefixes are ``inner``'s alone."""
+
+    def __init__(self, inner: Any, strength: float = 4.0):
+        if strength <= 0:
+            raise ConfigError(f"expected a prior strength > 0 (rollouts), got {strength}")
+        self.inner, self.strength = inner, strength
+        self.counts: dict[str, tuple[float, float]] = {}  # task id -> (successes, rollouts) at the root
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        v = np.asarray(self.inner.predict(prefixes), dtype=np.float64)
+        out = v.copy()
+        for i, p in enumerate(prefixes):
+            if p.depth == 0 and p.task_id in self.counts:
+                s, n = self.counts[p.task_id]
+                out[i] = (self.strength * v[i] + s) / (self.strength + n)
+        return out
+
+    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+        t, w = np.asarray(targets, float), np.asarray(weights, float)
+        _check_fit_inputs(prefixes, t, w)
+        for p, ti, wi in zip(prefixes, t, w):
+            if p.depth == 0:  # the root's target is the mean over its wi leaves
+                s, n = self.counts.get(p.task_id, (0.0, 0.0))
+                self.counts[p.task_id] = (s + ti * wi, n + wi)
+        return {**self.inner.fit(prefixes, t, w), "predictor/prompts_seen": float(len(self.counts))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "posterior", "inner": self.inner.state_dict(), "counts": dict(self.counts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "posterior":
+            raise ConfigError(f"expected a PromptPosterior state, got kind {state.get('kind')!r}")
+        self.inner.load_state_dict(state["inner"])
+        self.counts = {k: (float(s), float(n)) for k, (s, n) in state["counts"].items()}
+
+
+def with_memory(predictor: Any, replay: int = 0, prior_strength: float = 0.0) -> Any:
+    """``predictor`` wrapped in `ReplayPredictor` (replay > 0) and then `PromptPosterior` (prior_strength > 0)."""
+    if replay:
+        predictor = ReplayPredictor(predictor, replay)
+    if prior_strength:
+        predictor = PromptPosterior(predictor, prior_strength)
+    return predictor

@@ -1,8 +1,8 @@
 """One step's rollout half over any `Collector`: the driver the trainer, the simulation and the benchmarks share.
 
-allocate roots -> bare rollouts -> plan and run continuations -> metrics -> calibrate and fit the predictor ->
-annotate the trees. The policy update is the trainer's (`Trainer.step`); with a fixed policy (the simulation,
-the allocation benchmark) this is the whole step.
+allocate roots -> bare rollouts -> plan and run continuations -> metrics -> the allocator observes -> calibrate
+and fit the predictor -> annotate the trees. The policy update is the trainer's (`Trainer.step`); with a fixed
+policy (the simulation, the allocation benchmark) this is the whole step.
 
 Choices where the paper is silent:
 1. All randomness of a step derives from (seed, step): the allocators' generator is
@@ -12,6 +12,9 @@ Choices where the paper is silent:
 2. The ``oracle`` allocator reads exact success probabilities in place of the predictor's, from a collector
    that knows them (`ExactValues`, the simulation's); the predictor is still scored and fit, so its
    calibration is comparable across allocators.
+3. The allocator observes the step's finished trees ({pool index: tree}, `Allocator.observe`) after the
+   continuations and before the predictor's fit, so a stateful allocator (``trace_adaptive``) scores the
+   values it allocated by before the predictor learns from the same outcomes.
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ def take_step(collector: Collector, allocator: Allocator, predictor: Predictor, 
     metrics: dict[str, Any] = {**roots.metrics(), **plan.metrics(), **stats.metrics("rollout/"),
                                "alloc/budget": float(stats.trajectories)}
     metrics.update(tree_metrics(list(trees.values()), advantage))
+    # Before the fit (choice 3): an allocator that learns from outcomes sees this step's trees by pool index.
+    metrics.update(allocator.observe({i: trees[t.id] for i, t in enumerate(pool) if t.id in trees}))
     with timer("predictor"):
         metrics.update(fit_predictor(predictor, list(trees.values()), exact))
     annotate(trees, roots, plan)

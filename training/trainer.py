@@ -260,12 +260,14 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoint state
     def _state(self) -> dict[str, Any]:
-        return {"step": self.step_count, "data_position": self.stream.position, "history": self.history}
+        return {"step": self.step_count, "data_position": self.stream.position, "history": self.history,
+                "allocator": self.allocator.state_dict()}
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         self.predictor.load_state_dict(state["predictor"])
         self.step_count = int(state["trainer"]["step"])
         self.stream.position = int(state["trainer"]["data_position"])
         self.history = state["trainer"]["history"]
+        self.allocator.load_state_dict(state["trainer"].get("allocator", {}))
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])

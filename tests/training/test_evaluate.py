@@ -13,7 +13,7 @@ from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.errors import ConfigError
 from trace_gym.training.collector import TreeCollector
-from trace_gym.training.evaluate import EvalResult, TaskOutcome, evaluate, paired_difference
+from trace_gym.training.evaluate import EvalResult, PairedDifference, TaskOutcome, evaluate, paired_difference
 from trace_gym.training.viewer import load_trees
 
 
@@ -42,6 +42,13 @@ def test_paired_difference_uses_per_prompt_differences():
     assert (diff.mean, diff.tasks) == (0.5, 4) and (diff.lo, diff.hi) == pytest.approx((0.5 - half, 0.5 + half))
     same = paired_difference(before, before)
     assert same.mean == same.lo == same.hi == 0.0  # no spread: a zero-width interval
+
+
+def test_paired_difference_of_any_per_prompt_measure_matches_the_evaluations():
+    # The shuffled-advantage check pairs per-prompt probabilities, not EvalResults: the same summary.
+    before = outcomes({"a": [0.0], "b": [1.0], "c": [0.0], "d": [1.0]})
+    after = outcomes({"a": [1.0], "b": [1.0], "c": [1.0], "d": [1.0]})
+    assert PairedDifference.of([1.0, 0.0, 1.0, 0.0]) == paired_difference(before, after)
 
 
 def test_paired_difference_refuses_different_prompts():

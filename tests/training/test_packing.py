@@ -246,14 +246,15 @@ def learner_config(model_dir, update: str, **optim) -> TrainConfig:
                                             "pack_tokens": 900, "epochs": 2, **optim}})
 
 
-@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
-def test_the_learners_packed_update_equals_its_rows_update(samples, nano_dir, kl_coef):
+@pytest.mark.parametrize(("kl_coef", "optimizer"), [(0.0, "sgd"), (0.05, "sgd"), (0.0, "normalized_sgd")])
+def test_the_learners_packed_update_equals_its_rows_update(samples, nano_dir, kl_coef, optimizer):
     out = {}
     for update in ("packed", "rows"):
-        learner = Learner(learner_config(nano_dir, update, kl_coef=kl_coef), str(nano_dir), torch.device("cpu"))
+        # SGD: the weight change is the gradient itself (Adam's first step would amplify last-bit differences);
+        # normalized_sgd: its direction, whichever path computed the gradient (optim.optimizer, training/optimizers.py)
+        cfg = learner_config(nano_dir, update, kl_coef=kl_coef, optimizer=optimizer, lr=1.0)
+        learner = Learner(cfg, str(nano_dir), torch.device("cpu"))
         assert learner.packed == (update == "packed")
-        # SGD: the weight change is the gradient itself (Adam's first step would amplify last-bit differences)
-        learner.optimizer = torch.optim.SGD(learner.module.parameters(), lr=1.0)
         stats = learner.update(samples, seed=3, pad_id=0)
         out[update] = (learner.model.state_dict(), stats)
     (got, got_stats), (want, want_stats) = out["packed"], out["rows"]

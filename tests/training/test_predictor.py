@@ -126,3 +126,36 @@ def test_hidden_state_predictor_fits_and_round_trips():
     b = HiddenStatePredictor(fn, hidden_size=64, seed=1)
     b.load_state_dict(a.state_dict())
     assert np.allclose(a.predict(prefixes), b.predict(prefixes))
+
+
+# ----------------------------------------------------------------- memory wrappers (deviation 5)
+from trace_gym.training.predictor import PromptPosterior, ReplayPredictor, with_memory  # noqa: E402
+
+
+def test_prompt_posterior_shrinks_a_seen_prompts_own_outcomes_toward_the_shared_value():
+    shared = FeaturePredictor(steps=0)  # never moves: predicts 0.5 everywhere
+    post = PromptPosterior(shared, strength=4.0)
+    seen, unseen = Prefix("a", "Compute 1 + 2."), Prefix("b", "Compute 3 + 4.")
+    post.fit([seen, Prefix("a", "Compute 1 + 2.", (("x", "y"),))], np.array([0.75, 1.0]), np.array([4.0, 2.0]))
+    v = post.predict([seen, unseen, Prefix("a", "Compute 1 + 2.", (("x", "y"),))])
+    assert v[0] == pytest.approx((4.0 * 0.5 + 3.0) / (4.0 + 4.0))  # root: 3 successes of 4 rollouts
+    assert v[1] == pytest.approx(0.5) and v[2] == pytest.approx(0.5)  # unseen prompt, deeper prefix: shared
+
+
+def test_replay_fits_on_the_last_fits_together():
+    replay = ReplayPredictor(FeaturePredictor(steps=1), keep=2)
+    sizes = []
+    for k in range(3):
+        prefixes = [Prefix(f"t{k}-{i}", "Compute 1 + 2.") for i in range(k + 1)]
+        sizes.append(replay.fit(prefixes, np.ones(k + 1), np.ones(k + 1))["predictor/replay_examples"])
+    assert sizes == [1.0, 3.0, 5.0]  # 1, 1+2, 2+3
+
+
+def test_memory_wrappers_state_round_trip():
+    a = with_memory(FeaturePredictor(steps=5), replay=3, prior_strength=2.0)
+    a.fit([Prefix("a", "Compute 5 * 6."), Prefix("b", "Compute 7 - 8.")], np.array([1.0, 0.0]), np.array([2.0, 2.0]))
+    b = with_memory(FeaturePredictor(steps=5), replay=3, prior_strength=2.0)
+    b.load_state_dict(a.state_dict())
+    probe = [Prefix("a", "Compute 5 * 6."), Prefix("c", "Compute 9 + 9.")]
+    assert np.allclose(a.predict(probe), b.predict(probe))
+    assert b.inner.buffer[0][0] == a.inner.buffer[0][0]

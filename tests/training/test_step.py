@@ -9,7 +9,7 @@ from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.environments.math_envs import ArithmeticEnv
 from trace_gym.errors import ConfigError
-from trace_gym.training.allocators import StepBudget, make_allocator
+from trace_gym.training.allocators import AdaptiveAllocator, StepBudget, make_allocator
 from trace_gym.training.collector import TreeCollector
 from trace_gym.training.predictor import FeaturePredictor
 from trace_gym.training.progress import StageTimer
@@ -83,3 +83,25 @@ def test_the_step_times_its_stages():
     take_step(SimCollector(TASKS), make_allocator("trace", cap=4), FeaturePredictor(dim=512), TASKS[:24], BUDGET,
               seed=0, step=1, timer=timer)
     assert {"time/allocate_s", "time/rollout_s", "time/expand_s", "time/predictor_s"} <= set(timer.metrics())
+
+
+def test_the_allocator_observes_the_steps_trees_by_pool_index_before_the_predictor_fits():
+    calls: list[tuple[str, object]] = []
+
+    class Observing(AdaptiveAllocator):
+        def observe(self, trees):
+            calls.append(("observe", {i: t.task_id for i, t in trees.items()}))
+            return super().observe(trees)
+
+    class Fitting(FeaturePredictor):
+        def fit(self, prefixes, targets, weights):
+            calls.append(("fit", len(prefixes)))
+            return super().fit(prefixes, targets, weights)
+
+    pool = TASKS[:24]
+    result = take_step(SimCollector(TASKS), Observing(group_size=4, cap=4), Fitting(dim=512), pool, BUDGET,
+                       seed=0, step=1)
+    assert [c[0] for c in calls] == ["observe", "fit"]
+    assert calls[0][1] == {i: t.id for i, t in enumerate(pool) if t.id in result.trees} and calls[0][1]
+    # trust 0: the 8 roots are two uniform groups of 4, each recorded for the trust
+    assert result.metrics["alloc/trust_records"] == 2.0 and result.metrics["alloc/trust"] == 0.0

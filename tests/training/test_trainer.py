@@ -91,6 +91,26 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, nano_dir):
     assert comparable(full_rows) == comparable(part_rows)
 
 
+def test_trace_adaptive_and_predictor_memory_resume_from_a_checkpoint(tmp_path, nano_dir):
+    from trace_gym.training.allocators import AdaptiveAllocator
+    from trace_gym.training.predictor import PromptPosterior, ReplayPredictor
+
+    data = tiny_config(tmp_path / "run", nano_dir).to_dict()
+    data["alloc"] = {**data["alloc"], "allocator": "trace_adaptive"}
+    data["predictor"] = {"replay": 2, "prior_strength": 4.0}
+    _run(TrainConfig.from_dict(data))  # one step (trust 0: two uniform groups of 3), then a checkpoint
+    trainer = Trainer(TrainConfig.from_dict({**data, "steps": 2}), resume=tmp_path / "run")
+    try:
+        assert isinstance(trainer.allocator, AdaptiveAllocator) and len(trainer.allocator.records) == 2
+        assert isinstance(trainer.predictor, PromptPosterior) and isinstance(trainer.predictor.inner, ReplayPredictor)
+        assert len(trainer.predictor.inner.buffer) == 1 and trainer.predictor.counts
+        metrics = trainer.step()
+        assert metrics["alloc/trust_records"] == 4.0 and metrics["alloc/trust"] == 0.0  # below min_records
+        assert metrics["predictor/prompts_seen"] >= 2 and len(trainer.predictor.inner.buffer) == 2
+    finally:
+        trainer.close()
+
+
 def test_update_raises_positive_advantage_actions_relative_to_negative_ones(tmp_path, nano_dir):
     from trace_gym.training.distributed import token_logprobs
     from trace_gym.training.learner import update_batch
