@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def main() -> None:
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         for spec in args.setting:
             name, _, rest = spec.partition(":")
-            overrides = [x for x in rest.split(",") if x]
+            # split on commas outside brackets, so that optim.betas=[0.9,0.99] stays one override
+            overrides = [x for x in re.split(r",(?![^\[]*\])", rest) if x]
             cfg = train_config(ENV, STUDY_RUNS / "signal" / args.name, [f"model.path={model_path}", *shared,
                                                                           *overrides])
             t.cfg.optim = cfg.optim
@@ -60,16 +62,24 @@ def main() -> None:
             t.learner.optimizer = make_optimizer([q for q in t.learner.module.parameters() if q.requires_grad],
                                                  o.optimizer, lr=o.lr, betas=o.betas, eps=o.eps,
                                                  weight_decay=o.weight_decay, momentum=o.momentum)
+            updates: list[dict[str, float]] = []
+            update = t.learner.update
+            t.learner.update = lambda *a, _u=update, _r=updates: _r.append(_u(*a)) or _r[-1]  # type: ignore[method-assign]
             t1 = time.perf_counter()
-            out = signal_check(t, seed=args.seed, batches=batches, held=held, base=base)
+            try:
+                out = signal_check(t, seed=args.seed, batches=batches, held=held, base=base)
+            finally:
+                t.learner.update = update  # type: ignore[method-assign]
             row = {"name": name, "shared": args.set, "overrides": overrides, "sft_steps": args.sft_steps,
                    "difficulty": args.difficulty, "seed": args.seed,
                    **{k: (v.__dict__ if hasattr(v, "__dict__") else v) for k, v in out.items()},
+                   "grad_norm": [u.get("loss/grad_norm") for u in updates],
+                   "optimizer_steps": [u.get("loss/optimizer_steps") for u in updates],
                    "wall_s": time.perf_counter() - t1}
             log_run(args.log, row)
             print(f"{name:28s} before {out['before']:.4f}  true-before {out['true_vs_before']}  shuffled-before "
                   f"{out['shuffled_vs_before']}  true-shuffled {out['true_vs_shuffled']}  nodes {out['nodes']:.0f}"
-                  f"  ({row['wall_s']:.0f} s)", flush=True)
+                  f"  grad norm {row['grad_norm']}  ({row['wall_s']:.0f} s)", flush=True)
     finally:
         t.close()
 
