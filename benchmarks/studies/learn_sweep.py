@@ -34,6 +34,8 @@ from _study import (
     warm_start,
 )
 
+from trace_gym.training.signal_check import shuffled
+
 CACHE = STUDY_RUNS / "base_evals"
 
 
@@ -71,6 +73,8 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=4,
                    help="sampled episodes per prompt at the last step (and before); 0: expert probability only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shuffle", action="store_true",
+                   help="control run: every update gets its advantages permuted over the trained nodes (no signal)")
     p.add_argument("--log", type=Path, default=Path("benchmarks/studies/logs/learn_sweep.jsonl"))
     args = p.parse_args()
     torch.set_num_threads(2)
@@ -83,6 +87,9 @@ def main() -> None:
     t = trainer(run_dir, model_path, [f"seed={args.seed}", f"env.kwargs={json.dumps(train_kwargs)}",
                                       f"steps={args.steps}", *args.set])
     tok, model = t.tokenizer, t.learner.model
+    if args.shuffle:  # the same run with the advantages' link to outcomes cut: what the steps do without signal
+        rng, update = np.random.default_rng(args.seed), t.learner.update
+        t.learner.update = lambda samples, *a, **k: update(shuffled(samples, rng), *a, **k)  # type: ignore[method-assign]
     expert = expert_sequences(make_eval, tasks, tok)
     base = base_eval(model_path, args.difficulty, args.eval_tasks, args.eval_samples, tok, model, make_eval, tasks,
                      expert)
@@ -103,7 +110,7 @@ def main() -> None:
                 eval_s, eval_cpu = time.perf_counter() - t1, time.process_time() - c1
                 gains = {k: paired(base[k], after[k]) for k in after}
                 recent = rows[-args.eval_every:]
-                row = {"name": args.name, "set": args.set, "sft_steps": args.sft_steps,
+                row = {"name": args.name, "shuffle": args.shuffle, "set": args.set, "sft_steps": args.sft_steps,
                        "difficulty": args.difficulty, "seed": args.seed, "step": step,
                        "before": {k: float(v.mean()) for k, v in base.items()},
                        "after": {k: float(v.mean()) for k, v in after.items()},
