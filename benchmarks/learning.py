@@ -1,18 +1,27 @@
-"""Learning at equal budget: held-out success against trajectories spent, tiny model on trace/Arithmetic-v0.
+"""Learning at equal budget: held-out gain against trajectories and generated tokens, tiny model on Arithmetic.
 
-Every run starts from the same warm-started (SFT) tiny model and spends the same trajectories per step
-(``alloc.roots`` x (1 + ``alloc.multiplier``)); runs differ only in the allocator (grpo, pcl, treepo,
-trace) and the seed (data order, sampling). A second sweep keeps trace and the total fixed and changes the
-budget shape, roots M x continuations N (the paper's Table 2 at small scale). Evaluation: sampled success
-(T = 1, 2 samples per prompt, as in the quickstart config) on held-out prompts (another task seed) every
-``eval.every`` steps.
+Every run starts from the same warm start (the quickstart's SFT of the tiny model) and trains with the
+quickstart's update (AdamW 2e-5, mini-batch 32) and budget (256 trajectories per step: 128 roots x (1 + 1));
+runs differ only in the allocator (grpo, pcl, treepo, trace, trace_adaptive) and the seed. A second table keeps
+trace and the total and changes the budget shape, roots M x continuations N (the paper's Table 2, small).
 
-Writes benchmarks/results/learning[_quick].json and learning.png; prints tables with 95% intervals over seeds.
+The task is Arithmetic at ``--difficulty`` (default 2: 1-2 operators, partly outside the warm start's mix, so
+most of grpo's groups are all-success or all-failure, the paper's regime) drawn from ``--tasks`` training
+prompts, so that prompts come back every few steps as in epoch-based RL. Held-out: the first ``--eval-tasks``
+prompts of another task seed at the same difficulty, before and after training (and every ``--eval-every``
+steps): sampled success (T = 1, ``--eval-samples`` episodes per prompt, fresh seeds) and the teacher-forced
+probability of the expert's trajectory. Gains are paired per prompt within a run (`Trainer.held_out_gain`)
+and their mean and 95% interval are then taken over seeds. Beside them: mixed prompts per step, contrastive
+pairs per 1k generated tokens, the effective ratio (share of a step's trees with both outcomes).
+
+Writes benchmarks/results/learning[_quick].json and .png (the full run also docs/img/learning.png); prints
+the tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -38,102 +47,152 @@ from _common import (
 )
 
 ENV = "trace/Arithmetic-v0"
+ALLOCATORS = ("grpo", "pcl", "treepo", "trace", "trace_adaptive")
+BUDGET = (128, 1)  # roots M x continuations N: 256 trajectories per step, the quickstart's budget
 
 
 def train_run(job: dict[str, Any]) -> dict[str, Any]:
-    """One training run from the shared warm start; returns the trainer's summary and its eval curve."""
+    """One training run from the shared warm start; returns its summary and per-step metrics."""
     import torch
 
+    from trace_gym.training.metrics_log import read_metrics
     from trace_gym.training.trainer import Trainer
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(job["threads"])
     run_dir = BENCH_RUNS / "arithmetic" / "learn" / job["tag"] / f"{job['allocator']}-{job['seed']}"
+    kwargs = {"n_tasks": job["tasks"], "task_seed": 0, "word_fraction": 0.0}
+    if job["difficulty"] is not None:
+        kwargs["difficulty"] = job["difficulty"]
     overrides = [f"model.path={job['model']}", "sft.enabled=false", f"seed={job['seed']}",
+                 f"env.kwargs={json.dumps(kwargs)}", f"env.eval_kwargs.n_tasks={job['eval_tasks']}",
                  f"alloc.allocator={job['allocator']}", f"alloc.roots={job['roots']}",
-                 f"alloc.multiplier={job['multiplier']}", f"steps={job['steps']}", f"eval.every={job['eval_every']}",
-                 f"eval.tasks={job['eval_tasks']}", "checkpoint.every=0", "checkpoint.keep=1",
-                 f"alloc.pool_size={job['pool']}", "alloc.cap=8", "env.workers=1"]
+                 f"alloc.multiplier={job['multiplier']}", f"alloc.pool_size={job['pool']}", f"steps={job['steps']}",
+                 f"eval.every={job['eval_every']}", f"eval.tasks={job['eval_tasks']}",
+                 f"eval.samples={job['eval_samples']}", "eval.expert=true", "checkpoint.every=0",
+                 "checkpoint.keep=1", "log.plots=false", "log.save_trees=none", "env.workers=1"]
     trainer = Trainer(train_config(ENV, run_dir, overrides))
     try:
         summary = trainer.train()
     finally:
         trainer.close()
-    return {**job, "summary": summary, "curve": [[s * job["roots"] * (1 + job["multiplier"]), v]
-                                                  for s, v in summary["eval"]]}
+    return {**job, "summary": summary, "rows": read_metrics(run_dir)}
+
+
+def curve(run: dict[str, Any]) -> list[dict[str, float]]:
+    """Per evaluation: trajectories and generated tokens spent so far, held-out success and expert probability."""
+    out, trajectories, tokens = [], 0.0, 0.0
+    for row in run["rows"]:
+        trajectories += row.get("rollout/trajectories", 0.0)
+        tokens += row.get("rollout/tokens", 0.0)
+        if "eval/success" in row:
+            out.append({"trajectories": trajectories, "tokens": tokens, "success": row["eval/success"],
+                        "expert": row["eval/expert_prob"]})
+    return out
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per group: final success, gain over the warm start, mean effective ratio (mean ± 95% CI over seeds)."""
-    points = sorted({p[0] for r in runs for p in r["curve"]})
-    curve = [{"trajectories": t, **mean_ci([p[1] for r in runs for p in r["curve"] if p[0] == t])} for t in points]
+    """Per group, mean and 95% interval over seeds: paired gains, step statistics, cost, the eval curve."""
     s = [r["summary"] for r in runs]
+    steps = [[row for row in r["rows"] if "alloc/effective_ratio" in row] for r in runs]
+
+    def per_step(key: str) -> dict[str, float]:
+        return mean_ci([float(np.nanmean([row.get(key, np.nan) for row in rows])) for rows in steps])
+
+    curves = [curve(r) for r in runs]
+    points = [{k: mean_ci([c[i][k] for c in curves]) for k in curves[0][i]} for i in range(min(map(len, curves)))]
     return {"success_before": mean_ci([x["success_before"] for x in s]),
             "success_after": mean_ci([x["success_after"] for x in s]),
-            "gain": mean_ci([x["success_after"] - x["success_before"] for x in s]),
-            "effective_ratio": mean_ci([x["effective_ratio_mean"] for x in s]),
+            "gain_success": mean_ci([x["gain"]["success"]["mean"] for x in s]),
+            "gain_expert": mean_ci([x["gain"]["expert"]["mean"] for x in s]),
+            "gain_per_seed": [{k: x["gain"][k] for k in ("success", "expert")} for x in s],
+            "effective_ratio": per_step("alloc/effective_ratio"),
+            "mixed_per_step": mean_ci([float(np.nanmean([row["alloc/effective_ratio"] * row["rollout/prompts"]
+                                                         for row in rows])) for rows in steps]),
+            "pairs_per_1k_tokens": per_step("alloc/pairs_per_1k_tokens"),
             "trajectories": mean_ci([x["trajectories"] for x in s]),
             "generated_tokens": mean_ci([x["generated_tokens"] for x in s]),
-            "wall_s": mean_ci([x["wall_s"] for x in s]), "curve": curve, "seeds": len(runs)}
+            "wall_s": mean_ci([x["wall_s"] for x in s]), "curve": points, "seeds": len(runs)}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for name, g in result["allocators"].items():
-        t = np.array([p["trajectories"] for p in g["curve"]])
-        m = np.array([p["mean"] for p in g["curve"]])
-        ci = np.nan_to_num(np.array([p["ci95"] if p["ci95"] is not None else np.nan for p in g["curve"]], float))
-        ax1.plot(t, m, marker="o", label=name)
-        ax1.fill_between(t, m - ci, m + ci, alpha=0.15)
-    ax1.set_xlabel("trajectories spent")
-    ax1.set_ylabel("held-out success (T=1, 2 samples/prompt)")
-    ax1.set_title(f"{ENV}, tiny model, same warm start, {result['settings']['seeds']} seeds", fontsize=9)
-    ax1.legend(fontsize=8)
-    ci_bars(ax2, result["shapes"], (("success_after", "tab:green"), ("effective_ratio", "tab:blue")))
-    ax2.set_title("trace, budget shape M roots x N continuations (equal total)", fontsize=9)
+        for ax, x_key, y_key in ((axes[0], "trajectories", "expert"), (axes[1], "tokens", "success")):
+            x = np.array([p[x_key]["mean"] for p in g["curve"]])
+            m = np.array([p[y_key]["mean"] for p in g["curve"]])
+            ci = np.nan_to_num(np.array([p[y_key]["ci95"] for p in g["curve"]], float))
+            ax.plot(x, m, marker="o", label=name)
+            ax.fill_between(x, m - ci, m + ci, alpha=0.12)
+    st = result["settings"]
+    axes[0].set_xlabel("trajectories spent")
+    axes[0].set_ylabel("held-out P(expert trajectory)")
+    axes[1].set_xlabel("generated tokens")
+    axes[1].set_ylabel(f"held-out success (T=1, {st['eval_samples']} samples/prompt)")
+    for ax in axes[:2]:
+        ax.set_title(f"Arithmetic level {st['difficulty']}, tiny model, {st['seeds']} seeds (95% CI)", fontsize=9)
+        ax.legend(fontsize=8)
+    ci_bars(axes[2], result["shapes"], (("gain_expert", "tab:green"), ("gain_success", "tab:orange"),
+                                        ("effective_ratio", "tab:blue")))
+    axes[2].set_title("trace, budget shape M roots x N continuations (equal total)", fontsize=9)
+    axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def print_tables(by_alloc: dict[str, Any], by_shape: dict[str, Any]) -> None:
+    cols = ("success_before", "gain_success", "gain_expert", "effective_ratio", "mixed_per_step",
+            "pairs_per_1k_tokens", "generated_tokens")
+    for title, rows in (("allocators (256 trajectories per step)", by_alloc), ("trace budget shapes", by_shape)):
+        print(f"\n{title}")
+        print(f"{'':16s}" + "".join(f"{c:>22s}" for c in cols))
+        for name, g in rows.items():
+            print(f"{name:16s}" + "".join(f"{fmt(g[c], 0 if c == 'generated_tokens' else 3):>22s}" for c in cols))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="grpo vs trace, 1 seed, 6 steps, 2 shapes")
+    parser.add_argument("--quick", action="store_true",
+                        help="grpo vs trace, 1 seed, 2 steps, one other shape, 32 held-out prompts (CI)")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--allocators", nargs="*", default=None, choices=ALLOCATORS)
+    parser.add_argument("--difficulty", type=int, default=2, help="Arithmetic level; -1: the warm start's mix")
+    parser.add_argument("--tasks", type=int, default=256, help="training prompts (revisited every few steps)")
     parser.add_argument("--eval-tasks", type=int, default=None)
+    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--eval-every", type=int, default=0, help="0: before and after only")
+    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     quick = args.quick
     seeds = args.seeds or (1 if quick else 3)
-    steps = args.steps or (6 if quick else 16)
-    eval_every = 3 if quick else 4
-    eval_tasks = args.eval_tasks or (50 if quick else 100)
-    allocators = ("grpo", "trace") if quick else ("grpo", "pcl", "treepo", "trace")
-    shapes = ((32, 1), (16, 3)) if quick else ((32, 1), (16, 3), (8, 7))  # equal total: 64 trajectories/step
+    steps = args.steps or (2 if quick else 12)
+    eval_tasks = args.eval_tasks or (32 if quick else 200)
+    allocators = tuple(args.allocators or (("grpo", "trace") if quick else ALLOCATORS))
+    shapes = (BUDGET, (64, 3)) if quick else (BUDGET, (64, 3), (32, 7))  # equal total: 256 trajectories/step
+    difficulty = None if args.difficulty < 0 else args.difficulty
     start = time.perf_counter()
     model = warm_model(ENV)
-    base = {"model": model, "steps": steps, "eval_every": eval_every, "eval_tasks": eval_tasks, "pool": 64}
-    jobs = [{**base, "tag": "alloc", "allocator": a, "seed": s, "roots": 32, "multiplier": 1}
+    base = {"model": model, "steps": steps, "eval_every": args.eval_every, "eval_tasks": eval_tasks,
+            "eval_samples": args.eval_samples, "pool": 64, "tasks": args.tasks, "difficulty": difficulty,
+            "threads": max(1, 2 // args.workers)}
+    jobs = [{**base, "tag": "alloc", "allocator": a, "seed": s, "roots": BUDGET[0], "multiplier": BUDGET[1]}
             for a in allocators for s in range(seeds)]
     jobs += [{**base, "tag": f"shape{m}x{n}", "allocator": "trace", "seed": s, "roots": m, "multiplier": n}
-             for m, n in shapes if (m, n) != (32, 1) for s in range(seeds)]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+             for m, n in shapes if (m, n) != BUDGET for s in range(seeds)]
+    os.environ.setdefault("OMP_NUM_THREADS", str(base["threads"]))
     with ProcessPoolExecutor(args.workers) as ex:
         runs = list(ex.map(train_run, jobs))
     by_alloc = {a: aggregate([r for r in runs if r["tag"] == "alloc" and r["allocator"] == a]) for a in allocators}
     by_shape = {f"{m}x{n}": aggregate([r for r in runs if r["allocator"] == "trace" and r["roots"] == m
-                                       and r["multiplier"] == n]) for m, n in shapes}
-    result = {"settings": {"env": ENV, "seeds": seeds, "steps": steps, "trajectories_per_step": 64,
-                           "eval_every": eval_every, "eval_tasks": eval_tasks, "pool": 64, "model": model},
+                                       and r["multiplier"] == n]) for m, n in shapes} if "trace" in allocators else {}
+    result = {"settings": {"env": ENV, "difficulty": difficulty, "tasks": args.tasks, "seeds": seeds,
+                           "steps": steps, "trajectories_per_step": BUDGET[0] * (1 + BUDGET[1]), "pool": 64,
+                           "eval_tasks": eval_tasks, "eval_samples": args.eval_samples, "model": model},
               "allocators": by_alloc, "shapes": by_shape,
-              "runs": [{k: v for k, v in r.items() if k != "model"} for r in runs]}
-    cols = ("success_before", "success_after", "gain", "effective_ratio", "generated_tokens")
-    for title, rows in (("allocators (M=32, N=1 or 64 flat)", by_alloc), ("trace budget shapes", by_shape)):
-        print(f"\n{title}")
-        print(f"{'':10s}" + "".join(f"{c:>22s}" for c in cols))
-        for name, g in rows.items():
-            print(f"{name:10s}" + "".join(f"{fmt(g[c], 0 if c == 'generated_tokens' else 3):>22s}" for c in cols))
+              "runs": [{k: v for k, v in r.items() if k not in ("model", "rows")} for r in runs]}
+    print_tables(by_alloc, by_shape)
     name = "learning_quick" if quick else "learning"
     payload = {"machine": machine(), "seconds": time.perf_counter() - start, "learning": result}
     path = write_json(name, payload)

@@ -57,7 +57,7 @@ SETS: dict[str, dict[str, Any]] = {
                                                           "max_passage_chars": 400},
                  "prompts": 4, "roots": 4, "continuations": 16},
 }
-OPTIM = {"lr": 5e-5, "mini_batch": 32, "micro_batch": 16}  # configs/quickstart.yaml
+OPTIM = {"lr": 2e-5, "mini_batch": 32, "micro_batch": 16}  # configs/quickstart.yaml
 
 
 class ScoredExpert:

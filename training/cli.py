@@ -187,6 +187,9 @@ def _eval_policy(args: argparse.Namespace, console: Any) -> int:
     return policy_cli.run("eval", args, console)
 
 
+_GAIN_NAMES = {"success": "success", "expert": "expert-probability"}
+
+
 def print_summary(summary: dict[str, Any], console: Any) -> None:
     """The final table of a training run."""
     from rich.table import Table
@@ -200,6 +203,8 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     rows = [
         ("allocator", summary["allocator"]), ("steps", summary["steps"]),
         ("held-out success before", summary["success_before"]), ("held-out success after", summary["success_after"]),
+        *((f"held-out {_GAIN_NAMES[k]} gain (paired, 95%, {g['tasks']} prompts)",
+           f"{g['mean']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}]") for k, g in summary.get("gain", {}).items()),
         ("effective ratio (first step)", summary["effective_ratio_first"]),
         ("effective ratio (last step)", summary["effective_ratio_last"]),
         ("effective ratio (mean)", summary["effective_ratio_mean"]),

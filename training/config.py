@@ -322,6 +322,9 @@ class EvalConfig(Section):
     """Samples per prompt."""
     temperature: float = 0.0
     """0 = greedy."""
+    expert: bool = False
+    """Also measure the teacher-forced probability of the env's scripted expert trajectory on the same prompts
+    (a low-noise second measure; envs with a canonical expert, such as Arithmetic)."""
 
     def validate(self) -> None:
         _check(self.every >= 0, f"expected eval.every >= 0, got {self.every}")

@@ -4,7 +4,8 @@
 `EvalResult`: per task the reward, turns and stop reason of each sample, the mean success with a 95%
 interval over prompts, and the trees when asked (for the viewer). `paired_difference(before, after)` compares
 two evaluations of the same prompts by their per-prompt differences, which removes the prompts' own spread
-from the interval (the way to tell whether training changed anything).
+from the interval (the way to tell whether training changed anything). `expert_probability` is the
+low-noise second measure: per prompt, the teacher-forced probability of the env's scripted expert trajectory.
 
 Choices:
 1. A sample succeeds when its reward is > 0 (rewards are binary by default); a prompt's score is the mean
@@ -18,6 +19,11 @@ Choices:
    tree's open (non-terminal) nodes at that moment, earlier continuations' nodes included; round b samples
    with ``sample_seed(seed, c, 2 + b)`` and the draws come from a generator seeded with
    ``sample_seed(seed, c, 1)``. Their leaves count as episodes of the prompt like its bare samples.
+4. The expert measure scores P(the expert's actions | its observations) at T = 1 under the trained model, so
+   it has no sampling noise: its paired interval over 200 prompts is ~10x narrower than 200 x 2 sampled
+   episodes' (docs/learning.md). It exists for envs whose expert plays one canonical solution (Arithmetic);
+   a rise says the policy moved toward correct play, not that it samples it, so it goes beside success,
+   never instead of it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from trace_gym.agents.policy import Policy, SamplingParams, sample_seed
 from trace_gym.errors import ConfigError
@@ -224,6 +231,59 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequ
                         None if counter is None else counter.reached)
     finally:
         collector.close()
+
+
+def expert_sequences(make_env: Any, tasks: Sequence[Any], tokenizer: Any) -> list[tuple[list[int], list[bool]]]:
+    """(ids, action mask) of the env's scripted expert (noise 0) playing each task once, tokenised as SFT sees
+    it; one per task, in the order of ``tasks``."""
+    from trace_gym.agents.chat import tokenize_episode
+    from trace_gym.agents.scripted import ExpertPolicy
+
+    probe = make_env()  # holds the env's expert
+    if not callable(getattr(probe.unwrapped, "expert", None)):
+        probe.close()
+        raise ConfigError(f"expected an env with a scripted expert for the expert-probability measure, got "
+                          f"{type(probe.unwrapped).__name__}; fix: eval.expert=false")
+    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=0.0, seed=s))
+    collector = TreeCollector(policy, make_env, tasks, SamplingParams(), snapshot_kind="replay")
+    messages: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for trees in rollout_chunks(collector, {t.id: 1 for t in tasks}, seed=0):
+            messages.update({tid: collector.messages(tid, tree.leaves()[0].id) for tid, tree in trees.items()})
+    finally:
+        collector.close()
+        probe.close()
+    out = []
+    for task in tasks:
+        conv = tokenize_episode(tokenizer, messages[task.id])
+        out.append((conv.ids, conv.action_mask()))
+    return out
+
+
+@torch.no_grad()
+def expert_logprob(model: torch.nn.Module, seqs: Sequence[tuple[list[int], list[bool]]], pad_id: int,
+                   batch: int = 64) -> np.ndarray:
+    """(n,) log-probability at T = 1 of each sequence's action tokens (masked) under ``model``."""
+    from trace_gym.agents.hf import sequence_logprobs
+
+    was = model.training
+    model.eval()
+    out = []
+    for s in range(0, len(seqs), batch):
+        part = seqs[s:s + batch]
+        width = max(len(i) for i, _ in part)
+        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
+        att = torch.zeros((len(part), width), dtype=torch.long)
+        mask = torch.zeros((len(part), width))
+        for r, (i, m) in enumerate(part):
+            ids[r, :len(i)] = torch.tensor(i)
+            att[r, :len(i)] = 1
+            mask[r, :len(m)] = torch.tensor(m, dtype=torch.float32)
+        device = next(model.parameters()).device
+        lp = sequence_logprobs(model, ids.to(device), att.to(device)).cpu()
+        out.append((lp * mask[:, 1:]).sum(-1).double().numpy())
+    model.train(was)
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 class _EpisodeCounter:

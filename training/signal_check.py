@@ -30,11 +30,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from trace_gym.errors import ConfigError
 
-from .evaluate import PairedDifference
+from .evaluate import PairedDifference, expert_logprob, expert_sequences
 
 Measure = Literal["sampled", "expert"]
 
@@ -107,59 +106,6 @@ class HeldOut:
         if self._collector is not None:
             self._collector.close()
             self._collector = None
-
-
-def expert_sequences(make_env: Any, tasks: Sequence[Any], tokenizer: Any) -> list[tuple[list[int], list[bool]]]:
-    """(ids, action mask) of the env's scripted expert (noise 0) playing each task once, tokenised as SFT sees
-    it; one per task, in the order of ``tasks``."""
-    from trace_gym.agents.chat import tokenize_episode
-    from trace_gym.agents.policy import SamplingParams
-    from trace_gym.agents.scripted import ExpertPolicy
-
-    from .collector import TreeCollector
-    from .evaluate import rollout_chunks
-
-    probe = make_env()  # holds the env's expert
-    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=0.0, seed=s))
-    collector = TreeCollector(policy, make_env, tasks, SamplingParams(), snapshot_kind="replay")
-    messages: dict[str, list[dict[str, Any]]] = {}
-    try:
-        for trees in rollout_chunks(collector, {t.id: 1 for t in tasks}, seed=0):
-            messages.update({tid: collector.messages(tid, tree.leaves()[0].id) for tid, tree in trees.items()})
-    finally:
-        collector.close()
-        probe.close()
-    out = []
-    for task in tasks:
-        conv = tokenize_episode(tokenizer, messages[task.id])
-        out.append((conv.ids, conv.action_mask()))
-    return out
-
-
-@torch.no_grad()
-def expert_logprob(model: torch.nn.Module, seqs: Sequence[tuple[list[int], list[bool]]], pad_id: int,
-                   batch: int = 64) -> np.ndarray:
-    """(n,) log-probability at T = 1 of each sequence's action tokens (masked) under ``model``."""
-    from trace_gym.agents.hf import sequence_logprobs
-
-    was = model.training
-    model.eval()
-    out = []
-    for s in range(0, len(seqs), batch):
-        part = seqs[s:s + batch]
-        width = max(len(i) for i, _ in part)
-        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
-        att = torch.zeros((len(part), width), dtype=torch.long)
-        mask = torch.zeros((len(part), width))
-        for r, (i, m) in enumerate(part):
-            ids[r, :len(i)] = torch.tensor(i)
-            att[r, :len(i)] = 1
-            mask[r, :len(m)] = torch.tensor(m, dtype=torch.float32)
-        device = next(model.parameters()).device
-        lp = sequence_logprobs(model, ids.to(device), att.to(device)).cpu()
-        out.append((lp * mask[:, 1:]).sum(-1).double().numpy())
-    model.train(was)
-    return np.concatenate(out) if out else np.zeros(0)
 
 
 def collect_batches(trainer: Any, repeats: int, seed: int) -> list[tuple[list[Any], dict[str, float]]]:

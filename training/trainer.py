@@ -46,7 +46,7 @@ from .builders import (
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, dump_config
 from .distributed import broadcast_object
-from .evaluate import EvalResult, eval_collector, evaluate
+from .evaluate import PairedDifference, eval_collector, evaluate, expert_logprob, expert_sequences
 from .learner import Learner, join_process_group
 from .metrics_log import MetricsLogger
 from .progress import StageTimer, StepProgress, plot_at_end
@@ -129,6 +129,7 @@ class Trainer:
         self.eval_collector = (eval_collector(self.policy, self.make_eval_env, self.eval_tasks, cfg, self.tokenizer)
                                if self.eval_tasks else None)
         self.history: dict[str, Any] = {"eval": [], "effective_ratio": [], "trajectories": 0, "tokens": 0}
+        self._expert_seqs: list[tuple[list[int], list[bool]]] | None = None
         if state is not None:
             self._load_state(state)
         dump_config(cfg, self.run_dir / "config.yaml")
@@ -164,7 +165,7 @@ class Trainer:
                 f.writelines(json.dumps({"step": step, **t.to_dict()}) + "\n" for t in result.trees.values())
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps and self.eval_tasks:
             with timer("eval"):
-                metrics.update(self.evaluate().metrics())
+                metrics.update(self.evaluate())
         metrics.update(timer.metrics())
         metrics["data/position"] = float(self.stream.position)
         self.history["effective_ratio"].append(metrics.get("alloc/effective_ratio", float("nan")))
@@ -195,15 +196,34 @@ class Trainer:
         """The trained Hugging Face model of this rank (a LoRA model when model.lora_r > 0)."""
         return self.learner.model
 
-    def evaluate(self) -> EvalResult:
+    def evaluate(self) -> dict[str, float]:
         """`eval.samples` samples of each of the first `eval.tasks` held-out prompts, with sampling seeds fresh
-        for this step (choice 2)."""
+        for this step (choice 2), and the expert probability when `eval.expert`; returns the eval metrics.
+        The per-prompt values are kept for the paired gain of the run (`summary`)."""
         if self.eval_collector is None:
             raise ConfigError("expected eval.tasks > 0 to evaluate, got 0; fix: eval.tasks=64")
         result = evaluate(self.eval_collector, self.eval_tasks, self.cfg.eval.samples,
                           sample_seed(self.cfg.seed, self.step_count, 3) or 0)
+        by_id = {o.task_id: o.success for o in result.tasks}
+        per_prompt = {"success": [by_id[t.id] for t in self.eval_tasks]}
+        metrics = result.metrics()
+        if self.cfg.eval.expert:
+            if self._expert_seqs is None:
+                self._expert_seqs = expert_sequences(self.make_eval_env, self.eval_tasks, self.tokenizer)
+            probs = np.exp(expert_logprob(self.learner.model, self._expert_seqs, self.tokenizer.pad_token_id))
+            per_prompt["expert"] = probs.tolist()
+            metrics["eval/expert_prob"] = float(probs.mean())
         self.history["eval"].append((self.step_count, result.success))
-        return result
+        self.history.setdefault("eval_first", per_prompt)
+        self.history["eval_last"] = per_prompt
+        return metrics
+
+    def held_out_gain(self) -> dict[str, PairedDifference]:
+        """Last minus first evaluation, per measure, paired over the held-out prompts (95% intervals)."""
+        first, last = self.history.get("eval_first"), self.history.get("eval_last")
+        if not first or not last or len(self.history["eval"]) < 2:
+            return {}
+        return {k: PairedDifference.of(np.subtract(last[k], first[k])) for k in first if k in last}
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> dict[str, Any]:
@@ -214,14 +234,14 @@ class Trainer:
             return {}
         t_start = time.perf_counter()
         if self.step_count == 0 and self.eval_tasks:
-            self.logger.log(0, self.evaluate().metrics())
+            self.logger.log(0, self.evaluate())
         with StepProgress(cfg.log.progress and self.console is not None, cfg.steps, self.step_count,
                           self.console) as bar:
             while self.step_count < cfg.steps:
                 metrics = self.step()
                 last = self.step_count == cfg.steps
                 if last and self.eval_tasks:
-                    metrics.update(self.evaluate().metrics())
+                    metrics.update(self.evaluate())
                 self.logger.log(self.step_count, metrics)
                 if last or (cfg.checkpoint.every and self.step_count % cfg.checkpoint.every == 0):
                     save_checkpoint(self.run_dir, self.step_count, self.learner.save, self.tokenizer,
@@ -238,9 +258,11 @@ class Trainer:
         after, effective ratios, budget, generated tokens and ``wall_s``."""
         ev = self.history["eval"]
         ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
+        gains = {k: {"mean": g.mean, "lo": g.lo, "hi": g.hi, "tasks": g.tasks} for k, g in self.held_out_gain().items()}
         return {
             "run_dir": str(self.run_dir), "steps": self.step_count, "allocator": self.cfg.alloc.allocator,
             "success_before": ev[0][1] if ev else None, "success_after": ev[-1][1] if ev else None,
+            "eval_samples": self.cfg.eval.samples, "gain": gains,
             "eval": ev, "effective_ratio_mean": float(np.mean(ratios)) if ratios else None,
             "effective_ratio_first": ratios[0] if ratios else None,
             "effective_ratio_last": ratios[-1] if ratios else None,

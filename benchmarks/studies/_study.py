@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import BENCH_RUNS, mean_ci, train_config, warm_model  # noqa: E402
 
-from trace_gym.training.signal_check import expert_logprob, expert_sequences  # noqa: E402
+from trace_gym.training.evaluate import expert_logprob, expert_sequences  # noqa: E402
 
 STUDY_RUNS = ROOT / "runs" / "studies"
 ENV = "trace/Arithmetic-v0"

@@ -23,7 +23,8 @@ def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
         "--config", str(QUICKSTART), f"run_dir={tmp_path}/rl", f"model.path={tmp_path}/init", "model.init_size=nano",
         f"sft.output={tmp_path}/sft", "sft.episodes=16", "sft.steps=3", "sft.batch_size=4", "steps=1",
         "alloc.roots=4", "alloc.pool_size=4", "alloc.group_size=4", "alloc.cap=4", "rollout.max_new_tokens=12",
-        "eval.tasks=2", "env.kwargs.n_tasks=20", "env.eval_kwargs.n_tasks=4", "log.progress=false",
+        "eval.tasks=3", "eval.samples=2", "eval.expert=true", "env.kwargs.n_tasks=20", "env.eval_kwargs.n_tasks=4",
+        "log.progress=false",
     ])
     assert cli.run("train", args) == 0
     assert (tmp_path / "sft" / "config.json").is_file() and (tmp_path / "sft" / "sft_log.jsonl").is_file()
@@ -33,4 +34,12 @@ def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
     summary = json.loads((tmp_path / "rl" / "summary.json").read_text())
     assert summary["trajectories"] == 8 and summary["success_before"] is not None
     assert (tmp_path / "rl" / "checkpoints" / "step_000001" / "model" / "config.json").is_file()
-    assert "held-out success before" in capsys.readouterr().out
+    # The run's held-out gain is paired over the same prompts: its mean is the difference of the two evals.
+    gain = summary["gain"]
+    assert set(gain) == {"success", "expert"} and gain["success"]["tasks"] == 3
+    assert gain["success"]["mean"] == pytest.approx(rows[1]["eval/success"] - rows[0]["eval/success"])
+    assert gain["expert"]["mean"] == pytest.approx(rows[1]["eval/expert_prob"] - rows[0]["eval/expert_prob"])
+    assert 0 < rows[0]["eval/expert_prob"] < 1
+    assert gain["expert"]["lo"] <= gain["expert"]["mean"] <= gain["expert"]["hi"]
+    out = capsys.readouterr().out
+    assert "held-out success before" in out and "expert-probability gain" in out

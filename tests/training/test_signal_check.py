@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.training.test_trainer import nano_dir, tiny_config  # noqa: F401 - the module-scoped model fixture
-from trace_gym.training.evaluate import PairedDifference
+from trace_gym.training.evaluate import PairedDifference, expert_sequences
 from trace_gym.training.learner import Sample
-from trace_gym.training.signal_check import expert_sequences, shuffled, signal_check
+from trace_gym.training.signal_check import shuffled, signal_check
 from trace_gym.training.trainer import Trainer
 
 
