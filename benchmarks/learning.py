@@ -25,7 +25,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,18 @@ def main() -> None:
              for m, n in shapes if (m, n) != BUDGET for s in range(seeds)]
     os.environ.setdefault("OMP_NUM_THREADS", str(base["threads"]))
     with ProcessPoolExecutor(args.workers) as ex:
-        runs = list(ex.map(train_run, jobs))
+        futures = [ex.submit(train_run, job) for job in jobs]
+        for k, future in enumerate(as_completed(futures), 1):
+            if future.exception() is not None:  # fail fast: the other runs' figures would not make a table
+                for other in futures:
+                    other.cancel()
+                raise future.exception()  # type: ignore[misc]
+            r = future.result()
+            gain = r["summary"]["gain"]
+            print(f"[{k}/{len(jobs)}] {r['tag']} {r['allocator']} seed {r['seed']}: "
+                  f"success {gain['success']['mean']:+.3f}, expert {gain['expert']['mean']:+.3f} "
+                  f"({r['summary']['wall_s']:.0f} s)", flush=True)
+        runs = [f.result() for f in futures]
     by_alloc = {a: aggregate([r for r in runs if r["tag"] == "alloc" and r["allocator"] == a]) for a in allocators}
     by_shape = {f"{m}x{n}": aggregate([r for r in runs if r["allocator"] == "trace" and r["roots"] == m
                                        and r["multiplier"] == n]) for m, n in shapes} if "trace" in allocators else {}

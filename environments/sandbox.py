@@ -59,7 +59,6 @@ import base64
 import contextlib
 import itertools
 import os
-import select
 import shutil
 import signal
 import socket
@@ -127,7 +126,7 @@ class CellResult:
 
 def _wait_exit(pidfd: int, timeout: float) -> bool:
     """True once the process behind ``pidfd`` has exited (a pidfd polls readable then)."""
-    return bool(select.select([pidfd], [], [], timeout)[0])
+    return wire.readable(pidfd, timeout)
 
 
 def _close_fd(fd: int | None) -> None:

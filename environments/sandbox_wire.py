@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import contextlib
 import json
+import math
 import os
 import select
 import socket
@@ -38,6 +39,14 @@ def passcred(sock: socket.socket) -> socket.socket:
     return sock
 
 
+def readable(fd: int | socket.socket, timeout: float) -> bool:
+    """True once ``fd`` is readable (or hung up) within ``timeout`` seconds. poll, not select: a trainer holding
+    many snapshots has descriptors numbered past select's limit of 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+
+
 def _recv_exact(sock: socket.socket, n: int, deadline: float | None, fds: list[int] | None,
                 writer: list[int] | None) -> bytes | None:
     buf = bytearray()
@@ -45,7 +54,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None, fds: list[i
     while len(buf) < n:
         if deadline is not None:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([sock], [], [], left)[0]:
+            if left <= 0 or not readable(sock, left):
                 return None
         try:
             chunk, ancdata, _, _ = sock.recvmsg(n - len(buf), anc)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import pickle
 import select
@@ -74,6 +75,13 @@ def _send(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> 
         sock.sendall(frame)
 
 
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """poll, not select: descriptors numbered past 1024 (a trainer holding many snapshots) break select."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+
+
 def _recv(sock: socket.socket, deadline: float | None, fds: list[int] | None = None,
           limit: int = 1 << 40) -> bytes | None:
     def exact(n: int, with_fds: bool) -> bytes | None:
@@ -81,7 +89,7 @@ def _recv(sock: socket.socket, deadline: float | None, fds: list[int] | None = N
         while len(buf) < n:
             if deadline is not None:
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([sock], [], [], left)[0]:
+                if left <= 0 or not _readable(sock, left):
                     return None
             try:
                 if with_fds and fds is not None:

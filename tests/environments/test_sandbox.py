@@ -139,3 +139,36 @@ def test_finished_workers_are_reaped_not_left_as_zombies() -> None:
             box.run(f"x = {i}")
         box.close()
     assert _settled_count() == 0
+
+
+@pytest.fixture
+def high_descriptors():
+    """Fill the low descriptor numbers so that every new socket and pidfd is numbered past 1024, as in a
+    trainer that holds hundreds of native snapshots (select() cannot wait on those)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_descriptors_past_1024_run_cells_snapshots_and_bounded_calls(high_descriptors) -> None:
+    from trace_gym.bounded import bounded_call
+
+    with PythonSandbox(FAST) as box:
+        box.run("v = 41")
+        snap = box.snapshot(native=True)
+        branch = PythonSandbox(FAST)
+        branch.restore(snap)
+        assert branch.run("print(v + 1)").output == "42\n"
+        assert box.run("while True: pass").status == "timeout"  # the deadline is waited on, not skipped
+        branch.close()
+        snap.release()
+    assert bounded_call(sum, [1, 2, 3]).value == 6
