@@ -16,7 +16,7 @@ from _common import BENCH_RUNS, ci_bars, env_short, fmt, mean_ci, pyplot, train_
 from allocation_sim import finite_mean, metric_row, summarise
 
 # active + active; uniform_active and active_uniform change one stage each.
-REAL_ALLOCATORS = ("grpo", "pcl", "treepo", "uniform_active", "active_uniform", "trace")
+REAL_ALLOCATORS = ("grpo", "pcl", "treepo", "uniform_active", "active_uniform", "trace", "trace_adaptive")
 # name -> (env id, config overrides). The warm start is always the env's own (benchmarks/_common.py); level 2
 # (1-2 operators, 1-2 digits) is partly outside the SFT data (2-3 operators), so at the warm-started policy
 # most prompts sit near 0 or 1, the regime of the paper (GRPO's effective ratio 26.8%), while at level 3 most

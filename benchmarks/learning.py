@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,19 @@ def curve(run: dict[str, Any]) -> list[dict[str, float]]:
         trajectories += row.get("rollout/trajectories", 0.0)
         tokens += row.get("rollout/tokens", 0.0)
         if "eval/success" in row:
+            first = out[0] if out else {"success": row["eval/success"], "expert": row["eval/expert_prob"]}
             out.append({"trajectories": trajectories, "tokens": tokens, "success": row["eval/success"],
-                        "expert": row["eval/expert_prob"]})
+                        "expert": row["eval/expert_prob"], "success_gain": row["eval/success"] - first["success"],
+                        "expert_gain": row["eval/expert_prob"] - first["expert"]})
     return out
+
+
+def versus(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Gain minus the baseline's gain, seed by seed (same seed: same prompts, same held-out draws), then mean
+    and 95% interval over seeds."""
+    base = {r["seed"]: r["summary"]["gain"] for r in baseline}
+    return {k: mean_ci([r["summary"]["gain"][k]["mean"] - base[r["seed"]][k]["mean"] for r in runs
+                        if r["seed"] in base]) for k in ("success", "expert")}
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,7 +129,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for name, g in result["allocators"].items():
-        for ax, x_key, y_key in ((axes[0], "trajectories", "expert"), (axes[1], "tokens", "success")):
+        for ax, x_key, y_key in ((axes[0], "trajectories", "expert_gain"), (axes[1], "tokens", "success_gain")):
             x = np.array([p[x_key]["mean"] for p in g["curve"]])
             m = np.array([p[y_key]["mean"] for p in g["curve"]])
             ci = np.nan_to_num(np.array([p[y_key]["ci95"] for p in g["curve"]], float))
@@ -126,29 +137,47 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.fill_between(x, m - ci, m + ci, alpha=0.12)
     st = result["settings"]
     axes[0].set_xlabel("trajectories spent")
-    axes[0].set_ylabel("held-out P(expert trajectory)")
+    axes[0].set_ylabel("held-out gain, P(expert trajectory)")
     axes[1].set_xlabel("generated tokens")
-    axes[1].set_ylabel(f"held-out success (T=1, {st['eval_samples']} samples/prompt)")
+    axes[1].set_ylabel(f"held-out gain, success (T=1, {st['eval_samples']} samples/prompt)")
     for ax in axes[:2]:
         ax.set_title(f"Arithmetic level {st['difficulty']}, tiny model, {st['seeds']} seeds (95% CI)", fontsize=9)
         ax.legend(fontsize=8)
-    ci_bars(axes[2], result["shapes"], (("gain_expert", "tab:green"), ("gain_success", "tab:orange"),
-                                        ("effective_ratio", "tab:blue")))
+    shapes = {f"{k}\nratio {g['effective_ratio']['mean']:.2f}": g for k, g in result["shapes"].items()}
+    if shapes:
+        ci_bars(axes[2], shapes, (("gain_expert", "tab:green"),))
+        axes[2].relim()
+        axes[2].autoscale(axis="y")  # ci_bars' 0-1 range suits ratios, not gains of ~0.01
+    axes[2].set_ylabel("held-out gain, P(expert trajectory)")
     axes[2].set_title("trace, budget shape M roots x N continuations (equal total)", fontsize=9)
-    axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def print_tables(by_alloc: dict[str, Any], by_shape: dict[str, Any]) -> None:
-    cols = ("success_before", "gain_success", "gain_expert", "effective_ratio", "mixed_per_step",
+    cols = ("success_before", "gain_success", "gain_expert", "expert_vs_grpo", "effective_ratio", "mixed_per_step",
             "pairs_per_1k_tokens", "generated_tokens")
     for title, rows in (("allocators (256 trajectories per step)", by_alloc), ("trace budget shapes", by_shape)):
         print(f"\n{title}")
         print(f"{'':16s}" + "".join(f"{c:>22s}" for c in cols))
         for name, g in rows.items():
-            print(f"{name:16s}" + "".join(f"{fmt(g[c], 0 if c == 'generated_tokens' else 3):>22s}" for c in cols))
+            print(f"{name:16s}" + "".join(f"{fmt(g[c], 0 if c == 'generated_tokens' else 3) if c in g else '-':>22s}"
+                                          for c in cols))
+
+
+def tabulate(runs: list[dict[str, Any]], allocators: Sequence[str], shapes: Sequence[tuple[int, int]]
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per allocator and per trace budget shape: `aggregate`, plus the gain against grpo's seed by seed."""
+    by_alloc = {a: aggregate([r for r in runs if r["tag"] == "alloc" and r["allocator"] == a]) for a in allocators}
+    grpo = [r for r in runs if r["tag"] == "alloc" and r["allocator"] == "grpo"]
+    for a in allocators:
+        if grpo and a != "grpo":
+            vs = versus([r for r in runs if r["tag"] == "alloc" and r["allocator"] == a], grpo)
+            by_alloc[a].update({"success_vs_grpo": vs["success"], "expert_vs_grpo": vs["expert"]})
+    by_shape = {f"{m}x{n}": aggregate([r for r in runs if r["allocator"] == "trace" and r["roots"] == m
+                                       and r["multiplier"] == n]) for m, n in shapes} if "trace" in allocators else {}
+    return by_alloc, by_shape
 
 
 def main() -> None:
@@ -164,8 +193,14 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=0, help="0: before and after only")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--replot", action="store_true",
+                        help="no training: tables and plot again from the last results JSON and its run folders")
     args = parser.parse_args()
     quick = args.quick
+    name = "learning_quick" if quick else "learning"
+    if args.replot:
+        report(json.loads((RESULTS / f"{name}.json").read_text()), name, quick)
+        return
     seeds = args.seeds or (1 if quick else 3)
     steps = args.steps or (2 if quick else 12)
     eval_tasks = args.eval_tasks or (32 if quick else 200)
@@ -195,21 +230,29 @@ def main() -> None:
                   f"success {gain['success']['mean']:+.3f}, expert {gain['expert']['mean']:+.3f} "
                   f"({r['summary']['wall_s']:.0f} s)", flush=True)
         runs = [f.result() for f in futures]
-    by_alloc = {a: aggregate([r for r in runs if r["tag"] == "alloc" and r["allocator"] == a]) for a in allocators}
-    by_shape = {f"{m}x{n}": aggregate([r for r in runs if r["allocator"] == "trace" and r["roots"] == m
-                                       and r["multiplier"] == n]) for m, n in shapes} if "trace" in allocators else {}
-    result = {"settings": {"env": ENV, "difficulty": difficulty, "tasks": args.tasks, "seeds": seeds,
-                           "steps": steps, "trajectories_per_step": BUDGET[0] * (1 + BUDGET[1]), "pool": 64,
-                           "eval_tasks": eval_tasks, "eval_samples": args.eval_samples, "model": model},
-              "allocators": by_alloc, "shapes": by_shape,
-              "runs": [{k: v for k, v in r.items() if k not in ("model", "rows")} for r in runs]}
-    print_tables(by_alloc, by_shape)
-    name = "learning_quick" if quick else "learning"
-    payload = {"machine": machine(), "seconds": time.perf_counter() - start, "learning": result}
+    settings = {"env": ENV, "difficulty": difficulty, "tasks": args.tasks, "seeds": seeds, "steps": steps,
+                "trajectories_per_step": BUDGET[0] * (1 + BUDGET[1]), "pool": 64, "eval_tasks": eval_tasks,
+                "eval_samples": args.eval_samples, "model": model, "allocators": allocators, "shapes": shapes}
+    result = {"settings": settings, "runs": [{k: v for k, v in r.items() if k != "model"} for r in runs]}
+    report({"machine": machine(), "seconds": time.perf_counter() - start, "learning": result}, name, quick)
+
+
+def report(payload: dict[str, Any], name: str, quick: bool) -> None:
+    """Tables, JSON and plot from the runs in ``payload`` (rows re-read from the run folders when absent)."""
+    from trace_gym.training.metrics_log import read_metrics
+
+    result = payload["learning"]
+    st = result["settings"]
+    runs = [{**r, "rows": r.get("rows") or read_metrics(r["summary"]["run_dir"])} for r in result["runs"]]
+    shapes = [tuple(x) for x in st.get("shapes", (BUDGET, (64, 3), (32, 7)))]
+    allocators = st.get("allocators") or list(dict.fromkeys(r["allocator"] for r in runs if r["tag"] == "alloc"))
+    result["allocators"], result["shapes"] = tabulate(runs, allocators, shapes)
+    result["runs"] = runs
+    print_tables(result["allocators"], result["shapes"])
     path = write_json(name, payload)
     png = RESULTS / f"{name}.png"
     plot(result, png)
-    print(f"\nwrote {path} and {png} in {payload['seconds']:.0f} s")
+    print(f"\nwrote {path} and {png}; the runs took {payload['seconds']:.0f} s")
     if not quick:
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         (DOCS_IMG / "learning.png").write_bytes(png.read_bytes())

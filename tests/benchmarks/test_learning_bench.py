@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import aggregate, curve
+from learning import aggregate, curve, versus
 
 
 def run(seed: int, gain: float, ratio: float) -> dict:
@@ -43,3 +43,11 @@ def test_aggregate_takes_means_and_intervals_over_seeds() -> None:
     assert out["pairs_per_1k_tokens"]["mean"] == pytest.approx(3.75)
     assert [p["trajectories"]["mean"] for p in out["curve"]] == [0.0, 512.0]
     assert [g["success"]["tasks"] for g in out["gain_per_seed"]] == [8, 8]
+
+
+def test_versus_subtracts_the_baseline_seed_by_seed() -> None:
+    ours = [{**run(0, 0.3, 0.5), "seed": 0}, {**run(1, 0.1, 0.5), "seed": 1}]
+    base = [{**run(1, 0.05, 0.5), "seed": 1}, {**run(0, 0.2, 0.5), "seed": 0}]  # order must not matter
+    out = versus(ours, base)
+    assert out["success"]["mean"] == pytest.approx(((0.3 - 0.2) + (0.1 - 0.05)) / 2)
+    assert out["expert"]["mean"] == pytest.approx(((0.15 - 0.1) + (0.05 - 0.025)) / 2) and out["expert"]["n"] == 2
