@@ -214,7 +214,8 @@ class Trainer:
             per_prompt["expert"] = probs.tolist()
             metrics["eval/expert_prob"] = float(probs.mean())
         self.history["eval"].append((self.step_count, result.success))
-        self.history.setdefault("eval_first", per_prompt)
+        if self.step_count == 0:  # the run's baseline (a resumed run keeps its own from the checkpoint)
+            self.history["eval_first"] = per_prompt
         self.history["eval_last"] = per_prompt
         return metrics
 
@@ -255,7 +256,8 @@ class Trainer:
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         """The run's summary (summary.json and the final table): allocator, steps, held-out success before and
-        after, effective ratios, budget, generated tokens and ``wall_s``."""
+        after, the paired held-out gains (`held_out_gain`), effective ratios, budget, generated tokens and
+        ``wall_s``."""
         ev = self.history["eval"]
         ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
         gains = {k: {"mean": g.mean, "lo": g.lo, "hi": g.hi, "tasks": g.tasks} for k, g in self.held_out_gain().items()}
