@@ -97,10 +97,10 @@ def main() -> None:
         pngs.append(args.results_dir / f"{name}_real.png")
         plot_real(payload["real"], pngs[-1])
     print(f"\nwrote {path} and {', '.join(map(str, pngs))} in {payload['seconds']:.0f} s")
-    if not args.quick and args.results_dir == RESULTS:
+    if not args.quick and args.out is None and args.results_dir == RESULTS:  # the default run: the docs' plots
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         for png in pngs:
-            part = png.stem.rsplit("_", 1)[-1]  # sim or real, whatever --out named the run
+            part = png.stem.rsplit("_", 1)[-1]  # sim or real
             (DOCS_IMG / f"allocation_{part}.png").write_bytes(png.read_bytes())
 
 
