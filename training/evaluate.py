@@ -37,7 +37,6 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from trace_gym.agents.policy import Policy, SamplingParams, sample_seed
 from trace_gym.errors import ConfigError
@@ -260,28 +259,31 @@ def expert_sequences(make_env: Any, tasks: Sequence[Any], tokenizer: Any) -> lis
     return out
 
 
-@torch.no_grad()
-def expert_logprob(model: torch.nn.Module, seqs: Sequence[tuple[list[int], list[bool]]], pad_id: int,
+def expert_logprob(model: Any, seqs: Sequence[tuple[list[int], list[bool]]], pad_id: int,
                    batch: int = 64) -> np.ndarray:
-    """(n,) log-probability at T = 1 of each sequence's action tokens (masked) under ``model``."""
+    """(n,) log-probability at T = 1 of each sequence's action tokens (masked) under ``model`` (a torch model;
+    torch is imported here so that evaluation without a local model needs no torch)."""
+    import torch
+
     from trace_gym.agents.hf import sequence_logprobs
 
     was = model.training
     model.eval()
     out = []
-    for s in range(0, len(seqs), batch):
-        part = seqs[s:s + batch]
-        width = max(len(i) for i, _ in part)
-        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
-        att = torch.zeros((len(part), width), dtype=torch.long)
-        mask = torch.zeros((len(part), width))
-        for r, (i, m) in enumerate(part):
-            ids[r, :len(i)] = torch.tensor(i)
-            att[r, :len(i)] = 1
-            mask[r, :len(m)] = torch.tensor(m, dtype=torch.float32)
-        device = next(model.parameters()).device
-        lp = sequence_logprobs(model, ids.to(device), att.to(device)).cpu()
-        out.append((lp * mask[:, 1:]).sum(-1).double().numpy())
+    with torch.no_grad():
+        for s in range(0, len(seqs), batch):
+            part = seqs[s:s + batch]
+            width = max(len(i) for i, _ in part)
+            ids = torch.full((len(part), width), pad_id, dtype=torch.long)
+            att = torch.zeros((len(part), width), dtype=torch.long)
+            mask = torch.zeros((len(part), width))
+            for r, (i, m) in enumerate(part):
+                ids[r, :len(i)] = torch.tensor(i)
+                att[r, :len(i)] = 1
+                mask[r, :len(m)] = torch.tensor(m, dtype=torch.float32)
+            device = next(model.parameters()).device
+            lp = sequence_logprobs(model, ids.to(device), att.to(device)).cpu()
+            out.append((lp * mask[:, 1:]).sum(-1).double().numpy())
     model.train(was)
     return np.concatenate(out) if out else np.zeros(0)
 

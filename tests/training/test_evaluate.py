@@ -141,3 +141,13 @@ def test_progress_hears_every_episode_up_to_the_total():
                     workers=2, branches=1, progress=lambda done, total: heard.append((done, total)))
     assert {total for _, total in heard} == {18} and heard[-1][0] == 18
     assert len(heard) > 2 and [d for d, _ in heard] == sorted(d for d, _ in heard)
+
+
+def test_evaluation_imports_without_torch() -> None:
+    """Evaluating a served or scripted policy needs no local model: torch is imported only where a model is."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['torch'] = None; import trace_gym.training.evaluate"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
