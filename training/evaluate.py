@@ -4,8 +4,9 @@
 `EvalResult`: per task the reward, turns and stop reason of each sample, the mean success with a 95%
 interval over prompts, and the trees when asked (for the viewer). `paired_difference(before, after)` compares
 two evaluations of the same prompts by their per-prompt differences, which removes the prompts' own spread
-from the interval (the way to tell whether training changed anything). `expert_probability` is the
-low-noise second measure: per prompt, the teacher-forced probability of the env's scripted expert trajectory.
+from the interval (the way to tell whether training changed anything). `expert_sequences` and
+`expert_logprob` give the low-noise second measure: per prompt, the teacher-forced probability of the env's
+scripted expert trajectory.
 
 Choices:
 1. A sample succeeds when its reward is > 0 (rewards are binary by default); a prompt's score is the mean
