@@ -1,5 +1,5 @@
-"""`trace-gym model init` (wired into the `trace-gym` command by trace_gym.cli; `trace-gym sft` lives in
-trace_gym.training.warm_start, which collects its expert episodes through the rollout collector)."""
+"""`trace-gym model init` (wired into the `trace-gym` command by trace_gym.training.cli.main; `trace-gym sft` lives in
+trace_gym.training.driver.warm_start, which collects its expert episodes through the rollout collector)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Supervised fine-tuning on given episodes (message lists or recorded conversations), assistant tokens only.
 
-The episodes come from elsewhere: `trace_gym.training.warm_start` collects scripted-expert episodes through
+The episodes come from elsewhere: `trace_gym.training.driver.warm_start` collects scripted-expert episodes through
 the rollout collector and evaluates the result.
 
 Deviations from common SFT recipes, and why:

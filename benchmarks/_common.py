@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_gym.training.metrics import mean_ci95
+from trace_gym.training.allocation.metrics import mean_ci95
 
 RESULTS = Path(__file__).parent / "results"
 DOCS_IMG = Path(__file__).parent.parent / "docs" / "img"
@@ -103,7 +103,7 @@ def env_short(env_id: str) -> str:
 
 def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> Any:
     """The quickstart config pointed at ``env_id`` and a warm-started model under runs/bench/<env>/."""
-    from trace_gym.training.config import load_config
+    from trace_gym.training.driver.config import load_config
 
     base = BENCH_RUNS / env_short(env_id)
     return load_config(QUICKSTART, [f"env.id={env_id}", f"model.path={base}/model-init",
@@ -114,7 +114,7 @@ def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> A
 def warm_model(env_id: str) -> str:
     """Build and SFT the tiny model on ``env_id``'s scripted expert once (cached); returns the model folder."""
     from trace_gym.env_specs import env_factory
-    from trace_gym.training.warm_start import warm_start
+    from trace_gym.training.driver.warm_start import warm_start
 
     cfg = train_config(env_id, BENCH_RUNS / env_short(env_id) / "warm")
     return warm_start(cfg, env_factory(cfg.env.id, cfg.env.kwargs))

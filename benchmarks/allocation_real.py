@@ -31,7 +31,7 @@ REAL_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 def allocation_step(trainer: Any, step: int) -> dict[str, Any]:
     """The trainer's rollout half (allocate, roll out, expand, fit the predictor); the policy stays fixed."""
-    from trace_gym.training.advantages import tree_values
+    from trace_gym.training.update.advantages import tree_values
 
     result = trainer.rollout(step)
     m = result.metrics
@@ -61,7 +61,7 @@ def exact_roots_effective(p: np.ndarray, pool: int, roots: int, cap: int, draws:
     """Trace's root stage fed exact values, on pools drawn from the measured per-prompt successes ``p``
     (a plug-in: each prompt's success is its grpo group's mean): the expected per-prompt effective ratio of
     the root rollouts alone (continuations only add to it) and the expected mixed prompts per step."""
-    from trace_gym.training.allocation import root_utility, solve_roots
+    from trace_gym.training.allocation.solvers import root_utility, solve_roots
 
     rng = np.random.default_rng(0)
     ratios, mixed, chosen = [], [], []
@@ -80,7 +80,7 @@ def _real_job(job: tuple[str, str, str, int, int, tuple[str, ...], str]) -> list
     """One allocator and seed on a real env: `steps` allocation steps at the fixed warm-started policy."""
     import torch
 
-    from trace_gym.training.trainer import Trainer
+    from trace_gym.training.driver.trainer import Trainer
 
     case, env_id, allocator, seed, steps, overrides, model = job
     torch.set_num_threads(1)

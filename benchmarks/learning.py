@@ -56,8 +56,8 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     """One training run from the shared warm start; returns its summary and per-step metrics."""
     import torch
 
-    from trace_gym.training.metrics_log import read_metrics
-    from trace_gym.training.trainer import Trainer
+    from trace_gym.training.driver.metrics_log import read_metrics
+    from trace_gym.training.driver.trainer import Trainer
 
     torch.set_num_threads(job["threads"])
     run_dir = BENCH_RUNS / "arithmetic" / "learn" / job["tag"] / f"{job['allocator']}-{job['seed']}"
@@ -239,7 +239,7 @@ def main() -> None:
 
 def report(payload: dict[str, Any], name: str, quick: bool) -> None:
     """Tables, JSON and plot from the runs in ``payload`` (rows re-read from the run folders when absent)."""
-    from trace_gym.training.metrics_log import read_metrics
+    from trace_gym.training.driver.metrics_log import read_metrics
 
     result = payload["learning"]
     st = result["settings"]

@@ -25,8 +25,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from trace_gym.environments.qa_data import BUNDLED, load_bundled
-from trace_gym.environments.qa_metrics import fold_unicode, normalize_answer, qa_reward, score_answer
+from trace_gym.environments.qa.data import BUNDLED, load_bundled
+from trace_gym.environments.qa.metrics import fold_unicode, normalize_answer, qa_reward, score_answer
 
 RESULTS = Path(__file__).parent / "results"
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",

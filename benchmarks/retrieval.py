@@ -30,9 +30,16 @@ from rank_bm25 import BM25Okapi
 from rich.console import Console
 from rich.table import Table
 
-from trace_gym.environments.qa_data import BUNDLED, bundled_corpus, data_dir, load_bundled
+from trace_gym.environments.qa.data import BUNDLED, bundled_corpus, data_dir, load_bundled
+from trace_gym.environments.qa.retrieval import (
+    BM25Index,
+    Passage,
+    SearchEngine,
+    get_index,
+    join_sentences,
+    passage_text,
+)
 from trace_gym.environments.records import read_records
-from trace_gym.environments.retrieval import BM25Index, Passage, SearchEngine, get_index, join_sentences, passage_text
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -1,6 +1,6 @@
 """Sandbox costs with the jail on: per-cell overhead (persistent forked worker vs a fresh `python -c` per call),
 episode start (a new lineage: namespaces, mounts, seccomp), native fork restore vs replay against depth (cells of
-~50 ms), and a bounded call (trace_gym.bounded) against the same call in-process. The unjailed level
+~50 ms), and a bounded call (environments/sandbox/bounded.py) against the same call in-process. The unjailed level
 (isolation="none") runs interleaved with the jail as the reference, so load on the machine hits both alike.
 
     python benchmarks/sandbox.py [--quick]
@@ -17,8 +17,8 @@ import time
 
 from _common import machine, write_json
 
-from trace_gym.bounded import bounded_call
-from trace_gym.environments.sandbox import PythonSandbox, SandboxLimits, start_template
+from trace_gym.environments.sandbox.bounded import bounded_call
+from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, start_template
 
 LIMITS = SandboxLimits(timeout_s=30, cpu_s=30)
 

@@ -43,11 +43,11 @@ import trace_gym  # noqa: F401 - registers the trace/* ids
 from trace_gym.agents.chat import encode
 from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.agents.policy import Generation, Request, SamplingParams
-from trace_gym.training.collector import TreeCollector
-from trace_gym.training.config import TrainConfig
-from trace_gym.training.learner import Learner, Sample
-from trace_gym.training.packing import unique_tokens
-from trace_gym.training.stages import build_samples
+from trace_gym.training.allocation.stages import build_samples
+from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.rollout.collector import TreeCollector
+from trace_gym.training.update.learner import Learner, Sample
+from trace_gym.training.update.packing import unique_tokens
 from trace_gym.tree import RolloutTree
 
 SETS: dict[str, dict[str, Any]] = {
@@ -168,8 +168,8 @@ def flex_attempt(model_dir: Path, samples: list[Sample]) -> str:
     """Whether a packed update runs with flex attention here (a message either way)."""
     from transformers import AutoModelForCausalLM
 
-    from trace_gym.training.distributed import policy_update
-    from trace_gym.training.packing import pack_rows
+    from trace_gym.training.update.distributed import policy_update
+    from trace_gym.training.update.packing import pack_rows
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="flex_attention")
     try:
@@ -224,7 +224,7 @@ def run_set(name: str, spec: dict[str, Any], model_dir: Path, repeats: int, swee
 
 def _eager_learner(model_dir: Path) -> Learner:
     """A packed learner whose model attends through transformers' eager path (the additive mask)."""
-    from trace_gym.training.packing import attention_implementation
+    from trace_gym.training.update.packing import attention_implementation
 
     lrn = learner(model_dir, "packed")
     lrn.model.set_attn_implementation("eager")

@@ -27,8 +27,8 @@ def success(policy: Any, make_env: Any, tasks: list[Any], samples: int, temperat
             tokenizer: Any, seed: int) -> list[float]:
     """Per-prompt success of ``policy`` (bare rollouts through the collector)."""
     from trace_gym.agents.policy import SamplingParams
-    from trace_gym.training.collector import TreeCollector
-    from trace_gym.training.evaluate import evaluate
+    from trace_gym.training.rollout.collector import TreeCollector
+    from trace_gym.training.rollout.evaluate import evaluate
 
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     collector = TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay", workers=2, max_context=1024)
@@ -50,9 +50,9 @@ def main() -> None:
     from trace_gym.agents.sft import SFTSettings, sft
     from trace_gym.agents.tiny import build_tiny_model
     from trace_gym.env_specs import env_factory
-    from trace_gym.training.builders import dataset_of
-    from trace_gym.training.config import load_config
-    from trace_gym.training.warm_start import collect_expert_episodes
+    from trace_gym.training.driver.builders import dataset_of
+    from trace_gym.training.driver.config import load_config
+    from trace_gym.training.driver.warm_start import collect_expert_episodes
 
     cfg = load_config(QUICKSTART)
     n_eval = args.eval_tasks or (40 if args.quick else 100)

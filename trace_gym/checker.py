@@ -12,21 +12,19 @@ observation, reward, flags, messages and every other ``info`` key.
 from __future__ import annotations
 
 import gc
-import os
 import re
 import string
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.utils.env_checker import check_env
 
-from trace_gym.bounded import start_server
 from trace_gym.env import _BASE_FIELDS, TextEnv, ToolEnv, fingerprint
 from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
+from trace_gym.processes import descendant_pids, services
 from trace_gym.tools import ToolCall
 
 Outcome = tuple[str, float, bool, bool, list[dict[str, Any]], dict[str, Any]]
@@ -34,27 +32,6 @@ Outcome = tuple[str, float, bool, bool, list[dict[str, Any]], dict[str, Any]]
 
 class ConformanceError(TraceGymError, AssertionError):
     """The env breaks the trace_gym env contract; the message names the first violation."""
-
-
-def descendant_pids(pid: int | None = None) -> set[int]:
-    """Descendants of ``pid`` (default: this process), read from /proc. Zombies count: an unreaped child still
-    holds a pid and a slot of its user's process limit."""
-    root = os.getpid() if pid is None else pid
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 def _make_factory(env: str | Callable[[], gym.Env[str, str]]) -> Callable[[], TextEnv]:
@@ -192,10 +169,8 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     ``info`` keys that may legitimately differ between identical branches (wall-clock timings).
     """
     factory = _make_factory(env)
-    # A throwaway episode first: process-wide helpers an env starts once (a sandbox's template process) are
-    # then part of the baseline, and only processes that outlive their episode count as leaks. The bounded-call
-    # server starts at the first call that needs it, which a short episode may not reach: start it now.
-    start_server()
+    # A throwaway episode first, so that most process-wide helpers are started before the baseline; helpers
+    # registered later (trace_gym.processes) are not leaks either: only what outlives its episode is.
     warmup = factory()
     warmup.reset(seed=seed)
     play_outcomes(warmup, (schema_calls(warmup, np.random.default_rng(seed), 1) or warmup.example_actions())[:1])
@@ -216,7 +191,7 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     base.close()
     del other, base
     gc.collect()
-    leaked = descendant_pids() - before
+    leaked = descendant_pids() - before - services()
     if leaked:
         raise ConformanceError(f"expected no processes left after close(), found pids {sorted(leaked)}")
 

@@ -8,8 +8,8 @@ from typing import Any
 import gymnasium as gym
 
 # id -> (entry point, constructor kwargs)
-_QA = "trace_gym.environments.qa:MultiHopQAEnv"
-_MATH = "trace_gym.environments.math_envs:MathEnv"
+_QA = "trace_gym.environments.qa.env:MultiHopQAEnv"
+_MATH = "trace_gym.environments.math.env:MathEnv"
 _BFCL_MT = "trace_gym.environments.bfcl.env:BFCLMultiTurnEnv"
 _BFCL_ST = "trace_gym.environments.bfcl.env:BFCLSingleTurnEnv"
 ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -22,7 +22,7 @@ ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "trace/MATH500-v0": (_MATH, {"dataset": "math500"}),
     "trace/AIME24-v0": (_MATH, {"dataset": "aime24"}),
     "trace/AMC23-v0": (_MATH, {"dataset": "amc23"}),
-    "trace/Arithmetic-v0": ("trace_gym.environments.math_envs:ArithmeticEnv", {}),  # defaults = level 3
+    "trace/Arithmetic-v0": ("trace_gym.environments.math.env:ArithmeticEnv", {}),  # defaults = level 3
     "trace/BFCL-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
     "trace/BFCL-MultiTurn-Base-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
     "trace/BFCL-MultiTurn-MissFunc-v0": (_BFCL_MT, {"category": "multi_turn_miss_func"}),

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import BENCH_RUNS, mean_ci, train_config, warm_model  # noqa: E402
 
-from trace_gym.training.evaluate import expert_logprob, expert_sequences  # noqa: E402
+from trace_gym.training.rollout.evaluate import (  # noqa: E402
+    expert_logprob,
+    expert_sequences,
+)
 
 STUDY_RUNS = ROOT / "runs" / "studies"
 ENV = "trace/Arithmetic-v0"
@@ -45,7 +48,7 @@ def env_factory(kwargs: dict[str, Any]) -> Callable[[], Any]:
 
 
 def tasks_of(make_env: Callable[[], Any], n: int | None = None) -> list[Any]:
-    from trace_gym.training.builders import dataset_of
+    from trace_gym.training.driver.builders import dataset_of
 
     tasks = dataset_of(make_env)
     return tasks if n is None else tasks[:n]
@@ -56,7 +59,7 @@ def warm_start(sft_steps: int = 400) -> str:
     if sft_steps == 400:
         return warm_model(ENV)
     from trace_gym.env_specs import env_factory as factory
-    from trace_gym.training.warm_start import warm_start as build
+    from trace_gym.training.driver.warm_start import warm_start as build
 
     base = BENCH_RUNS / "arithmetic"
     cfg = train_config(ENV, base / "warm", [f"sft.steps={sft_steps}", f"sft.output={base}/model-sft{sft_steps}"])
@@ -78,7 +81,7 @@ def sampled_success(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[
     ``tasks`` (`evaluate.evaluate_policy`)."""
     from trace_gym.agents.hf import HFPolicy
     from trace_gym.agents.policy import SamplingParams
-    from trace_gym.training.evaluate import evaluate_policy
+    from trace_gym.training.rollout.evaluate import evaluate_policy
 
     policy = HFPolicy(model, tokenizer, max_batch_size=64)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
@@ -92,7 +95,7 @@ def sampled_success(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[
 
 def paired(before: np.ndarray, after: np.ndarray) -> dict[str, float]:
     """after - before over the same prompts (`evaluate.PairedDifference`: mean, 95% interval, prompts)."""
-    from trace_gym.training.evaluate import PairedDifference
+    from trace_gym.training.rollout.evaluate import PairedDifference
 
     d = np.asarray(after, np.float64) - np.asarray(before, np.float64)
     return dataclasses.asdict(PairedDifference.of(d.tolist()))
@@ -111,7 +114,7 @@ def log_run(path: Path, row: dict[str, Any]) -> None:
 
 def trainer(run_dir: Path, model_path: str, overrides: Sequence[str]) -> Any:
     """Today's Trainer on Arithmetic from ``model_path``, no built-in eval (the studies evaluate paired)."""
-    from trace_gym.training.trainer import Trainer
+    from trace_gym.training.driver.trainer import Trainer
 
     cfg = train_config(ENV, run_dir, [f"model.path={model_path}", "sft.enabled=false", "eval.tasks=0",
                                       "checkpoint.every=0", "log.plots=false", "env.workers=2", *overrides])

@@ -34,7 +34,7 @@ from _study import (
     warm_start,
 )
 
-from trace_gym.training.signal_check import shuffled
+from benchmarks.studies.signal_check import shuffled
 
 CACHE = STUDY_RUNS / "base_evals"
 

@@ -4,7 +4,7 @@ The prompts of the task set are drawn in a seeded shuffled order per epoch, ``--
 prompt comes back once per epoch (visit v of a prompt uses that visit's recorded group of rollouts). Each
 step, every predictor values the pool's prompts before their outcomes are seen; an allocator chooses from
 those values (trace: the exact root solver, M = 32 roots, cap 8; pcl: the 8 prompts nearest 0.5; grpo: 8 at
-random; trace_adaptive: training/allocators.py, its trust measured on these outcomes); the predictor is then
+random; trace_adaptive: training/allocation/allocators.py, its trust measured on these outcomes); the predictor is then
 fit on what that allocator chose (trace: each chosen prompt's first m_i
 rollouts as a tree, prefixes included; grpo/pcl: all 8). Scores per step, against the group's mean success
 (8 rollouts): Brier and Spearman over the whole pool and among the chosen prompts, and the per-prompt
@@ -27,10 +27,16 @@ from typing import Any
 import numpy as np
 from _study import STUDY_RUNS
 
-from trace_gym.training.allocation import solve_roots
-from trace_gym.training.allocators import AdaptiveAllocator, StepBudget, mixed_share
-from trace_gym.training.metrics import brier, rank_correlation
-from trace_gym.training.predictor import FeaturePredictor, Prefix, PromptPosterior, ReplayPredictor, training_examples
+from trace_gym.training.allocation.allocators import AdaptiveAllocator, StepBudget, mixed_share
+from trace_gym.training.allocation.metrics import brier, rank_correlation
+from trace_gym.training.allocation.predictor import (
+    FeaturePredictor,
+    Prefix,
+    PromptPosterior,
+    ReplayPredictor,
+    training_examples,
+)
+from trace_gym.training.allocation.solvers import solve_roots
 from trace_gym.tree import RolloutTree
 
 
@@ -82,8 +88,8 @@ def hidden(model_path: str) -> Callable[[], Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_gym.training.builders import hidden_state_fn
-    from trace_gym.training.predictor import HiddenStatePredictor
+    from trace_gym.training.allocation.predictor import HiddenStatePredictor
+    from trace_gym.training.driver.builders import hidden_state_fn
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()

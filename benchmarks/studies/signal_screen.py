@@ -1,4 +1,4 @@
-"""Screen policy-update settings with the shuffled-advantage check (training/signal_check.py).
+"""Screen policy-update settings with the shuffled-advantage check (benchmarks/studies/signal_check.py).
 
 One trainer (configs/quickstart.yaml on Arithmetic, one warm start, ``--set`` overrides for the rollouts)
 collects ``--repeats`` step batches once; then for each ``--setting NAME:key=value,key=value`` (optimiser
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from _study import ENV, STUDY_RUNS, arith_kwargs, log_run, train_config, trainer, warm_start
 
-from trace_gym.training.optimizers import make_optimizer
-from trace_gym.training.signal_check import HeldOut, collect_batches, signal_check
+from benchmarks.studies.signal_check import HeldOut, collect_batches, signal_check
+from trace_gym.training.update.optimizers import make_optimizer
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ The env owns its instances (bfcl_eval's execute_multi_turn_func_call caches them
 evals the call strings: never used here). A call runs by attribute lookup of a declared tool name on the
 instance that owns it, after jsonschema validation of its arguments.
 
-A model's call runs in a bounded call (``trace_gym.bounded``): on a pickled copy of the instance, in a child
+A model's call runs in a bounded call (``sandbox.bounded``): on a pickled copy of the instance, in a child
 process killed after ``CALL_BOUND.timeout_s`` seconds, with its memory capped; the instance's new state comes
 back and replaces the old one (same object, so snapshots and owners stay valid). So ``power(base=10,
 exponent=10000000)`` or ``square_root(number=2, precision=1000000)`` return a timeout error instead of
@@ -26,10 +26,10 @@ from typing import Any
 
 import jsonschema
 
-from trace_gym.bounded import Bound, bounded_call
 from trace_gym.environments.bfcl.calls import Call
 from trace_gym.environments.bfcl.data import FUNC_DOC_FILES
 from trace_gym.environments.bfcl.schema import parameters_schema
+from trace_gym.environments.sandbox.bounded import Bound, bounded_call
 
 # bfcl_eval.utils creates result folders under its project root at import; keep them out of the cwd.
 os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "trace_gym_bfcl"))

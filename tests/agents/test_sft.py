@@ -12,7 +12,7 @@ from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.sft import SFTSettings, masked_lm_loss, sft, to_sequences
 from trace_gym.agents.tiny import build_tiny_model
-from trace_gym.training.warm_start import collect_expert_episodes, held_out_eval
+from trace_gym.training.driver.warm_start import collect_expert_episodes, held_out_eval
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.agents.specs import PolicyOptions, backend_of, check_model_folder, policy_from_spec
 from trace_gym.env_specs import env_factory
 from trace_gym.errors import ConfigError
-from trace_gym.training.evaluate import evaluate_policy
+from trace_gym.training.rollout.evaluate import evaluate_policy
 
 ARITHMETIC = env_factory("trace/Arithmetic-v0", {"n_tasks": 8})
 

@@ -15,7 +15,9 @@ from trace_gym.errors import ConfigError
 
 MODULE = '''
 import gymnasium as gym
-from trace_gym import Task, Tool, ToolEnv
+from trace_gym import Task
+from trace_gym import Tool
+from trace_gym import ToolEnv
 
 
 class EchoEnv(ToolEnv):

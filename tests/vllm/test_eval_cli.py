@@ -14,8 +14,8 @@ from pathlib import Path
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.specs import PolicyOptions, policy_from_spec
 from trace_gym.env_specs import env_factory
-from trace_gym.training.evaluate import evaluate_policy
-from trace_gym.training.viewer import load_trees
+from trace_gym.training.rollout.evaluate import evaluate_policy
+from trace_gym.training.viz.viewer import load_trees
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -23,7 +23,7 @@ BIN = Path(sys.executable).parent  # trace-gym of this venv
 
 
 def trace_gym(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trace_gym.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "trace_gym.training.cli.main", *argv], capture_output=True, text=True,
                           cwd=ROOT, timeout=600)
 
 

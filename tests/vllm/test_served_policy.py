@@ -15,7 +15,7 @@ from trace_gym.agents.openai_backend import OpenAIPolicy
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.specs import PolicyOptions, policy_from_spec
 from trace_gym.env_specs import env_factory
-from trace_gym.training.evaluate import evaluate_policy
+from trace_gym.training.rollout.evaluate import evaluate_policy
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 ENV = env_factory("trace/Arithmetic-v0", {"n_tasks": 4, "max_turns": 3})

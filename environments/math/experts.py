@@ -1,0 +1,74 @@
+"""Scripted experts for the math envs (the ``trace_gym.Expert`` protocol): SFT data and test drivers.
+
+- ``ArithmeticExpert`` writes the task's expression as a cell, then answers with the tool's output. Noise:
+  with probability ``noise`` one operand of the cell is off by one, so the answer is wrong.
+- ``MathExpert`` (real datasets) computes the gold answer in a cell, then answers it. Noise: with probability
+  ``noise`` it answers a wrong value instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from trace_gym.environments.math.env import make_parser, python_call
+from trace_gym.tasks import Task
+
+
+class _Expert:
+    def __init__(self, action_format: str = "tags", noise: float = 0.0, seed: int = 0):
+        self.action_format, self.noise = action_format, noise
+        self.parser = make_parser(action_format)
+        self.rng = np.random.default_rng(seed)
+
+    def call(self, code: str) -> str:
+        return self.parser.format(python_call(code))
+
+    def answer(self, text: str) -> str:
+        return self.parser.format_answer(text)
+
+    @staticmethod
+    def last_tool_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
+        if messages and messages[-1].get("role") == "tool":
+            return str(messages[-1].get("content", ""))
+        return None
+
+
+class ArithmeticExpert(_Expert):
+    """Expression cell, then the printed value as the answer."""
+
+    def act(self, task: Task, messages: Sequence[Mapping[str, Any]]) -> str:
+        output = self.last_tool_output(messages)
+        if output is not None:
+            lines = output.strip().splitlines()
+            return self.answer(lines[-1].strip() if lines else "")
+        expr = str(task.meta.get("expression", task.answer))
+        if self.noise > 0 and self.rng.random() < self.noise:
+            nums = list(re.finditer(r"\d+", expr))
+            m = nums[int(self.rng.integers(len(nums)))]
+            expr = expr[: m.start()] + str(int(m.group()) + 1) + expr[m.end():]
+        return self.call(f"print({expr})")
+
+
+class MathExpert(_Expert):
+    """Gold answer computed in a cell (as a string literal), then answered."""
+
+    def act(self, task: Task, messages: Sequence[Mapping[str, Any]]) -> str:
+        output = self.last_tool_output(messages)
+        gold = str(task.answer)
+        if output is None:
+            return self.call(f"answer = {gold!r}\nprint(answer)")
+        if self.noise > 0 and self.rng.random() < self.noise:
+            return self.answer(_wrong(gold))
+        lines = output.strip().splitlines()
+        return self.answer(lines[-1] if lines else gold)
+
+
+def _wrong(gold: str) -> str:
+    try:
+        return str(int(gold) + 1)
+    except ValueError:
+        return gold + "+1"

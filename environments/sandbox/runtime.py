@@ -1,0 +1,556 @@
+"""The sandbox side of ``sandbox.py``: the template, each lineage's supervisor, workers, cells, frozen forks.
+
+Started by the host as ``python -I runtime.py <fd>`` (inside bubblewrap unless isolation is "none"); it
+imports its sibling modules by bare name and never imports the host package. Processes (each arrow a fork):
+
+    template ──lineage──> Z ──> supervisor S (pid 1 of new namespaces) ──> worker W ──cell──> C (becomes W)
+                                                                            └──snapshot──> frozen F ──spawn──> W'
+
+Model code runs only in cells (C and what C becomes); the template, Z and S never run it, so the host may
+trust what they send. Nothing a worker, a cell or a frozen fork sends is trusted.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` leaves the script's folder out
+import kernel
+import wire
+
+_PRELOAD = ("math", "cmath", "fractions", "itertools", "functools", "collections", "decimal", "statistics",
+            "random", "re", "numpy", "sympy")
+# Imported by the template but not bound in the namespace: after the switch to an unprivileged user the
+# interpreter's own files may be unreadable (isolation "none" with a Python under /root), so a cell's
+# `import heapq` must be cached.
+_WARM = ("resource", "traceback", "linecache", "tokenize", "ctypes", "heapq", "bisect", "string", "operator",
+         "datetime", "json", "copy", "numbers", "typing", "dataclasses", "textwrap", "time", "calendar", "array",
+         "struct", "hashlib", "base64", "pprint", "enum", "io", "warnings", "secrets", "unicodedata", "csv",
+         "threading", "numpy.linalg", "numpy.random", "numpy.polynomial", "numpy.fft", "sympy.ntheory",
+         "sympy.solvers", "sympy.parsing.sympy_parser", "mpmath")
+_THREAD_NOTE = ("\n[the cell left {n} threads running; a thread may not outlive its cell, so the cell's changes "
+                "were discarded: join your threads before the cell ends]")
+
+
+class _Config:
+    """Set once from the host's init message, before any lineage exists."""
+
+    namespaces = True
+    seccomp: bytes = b""
+
+
+# --------------------------------------------------------------------------- cells
+class _Capture:
+    """sys.stdout/sys.stderr for a cell: keeps the first ``limit`` characters, counts the rest."""
+
+    def __init__(self, limit: int):
+        self.limit, self.parts, self.kept, self.dropped = limit, [], 0, 0
+        self.closed = False
+
+    def write(self, s: Any) -> int:
+        s = str(s)
+        room = self.limit - self.kept
+        if room > 0:
+            self.parts.append(s[:room])
+            self.kept += min(room, len(s))
+        self.dropped += max(0, len(s) - max(room, 0))
+        return len(s)
+
+    def text(self) -> str:
+        out = "".join(self.parts)
+        if self.dropped:
+            out += f"\n[output truncated: {self.dropped} more characters not shown]"
+        return out.encode("utf-8", "replace").decode("utf-8")
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True  # a cell may close stdout; the captured text stays readable
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError("the sandbox's stdout has no file descriptor")
+
+
+class _Guard:
+    """The audit-hook tripwire: clear errors for the obvious attempts while model code runs.
+
+    Not a boundary (model code can turn it off, and C code never reaches it); the kernel layers are."""
+
+    untrusted = False
+    workdir = "/"
+    _blocked_events = frozenset({
+        "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
+        "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit", "resource.prlimit", "ctypes.dlopen",
+        "os.setuid", "os.setgid", "os.chroot", "pty.spawn", "os.startfile", "webbrowser.open", "sys.addaudithook",
+    })
+    _path_events = frozenset({"os.remove", "os.rmdir", "os.rename", "os.link", "os.symlink", "os.truncate",
+                              "os.chmod", "os.chown", "os.utime", "os.mkdir", "shutil.rmtree", "os.mkfifo"})
+
+    @classmethod
+    def inside(cls, path: Any) -> bool:
+        if isinstance(path, int):
+            return True
+        try:
+            real = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return False
+        return real == cls.workdir or real.startswith(cls.workdir + os.sep) or real == os.devnull
+
+    @classmethod
+    def hook(cls, event: str, args: tuple[Any, ...]) -> None:
+        if not cls.untrusted:
+            return
+        if event in cls._blocked_events:
+            if event in ("os.kill", "os.killpg") and args and args[0] == 0:
+                return
+            raise PermissionError(f"blocked in the sandbox: {event}")
+        if event == "socket.__new__" and len(args) > 1 and args[1] not in (socket.AF_UNIX, -1):
+            raise PermissionError("blocked in the sandbox: network sockets")
+        if event in ("socket.connect", "socket.bind", "socket.sendto") and len(args) > 1 \
+                and not isinstance(args[1], str | bytes):
+            raise PermissionError("blocked in the sandbox: network access")
+        if event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1] or "", args[2] or 0
+            writes = any(c in mode for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+            if writes and not cls.inside(path):
+                raise PermissionError(f"blocked in the sandbox: writing outside the working directory: {path!r}")
+        elif event in cls._path_events and args and not all(cls.inside(a) for a in args[:2]
+                                                              if isinstance(a, str | bytes | os.PathLike)):
+            raise PermissionError(f"blocked in the sandbox: {event} outside the working directory")
+
+
+def _execute(code: str, namespace: dict[str, Any], limits: dict[str, Any]) -> tuple[str, str]:
+    """Run a cell notebook-style in ``namespace``; returns (output, status)."""
+    import traceback
+
+    cap = _Capture(int(limits["max_output_chars"]))
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = cap
+    status = "ok"
+    _Guard.untrusted = True
+    try:
+        tree = ast.parse(code, "<cell>", "exec")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, "<cell>", "exec"), namespace)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
+            if value is not None:
+                cap.write(repr(value) + "\n")
+    except SystemExit as exc:
+        cap.write(f"SystemExit: {exc.code}\n")
+    except BaseException as exc:  # the model's exception, reported as text
+        status = "error"
+        try:
+            te = traceback.TracebackException.from_exception(exc)
+            te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename != __file__])
+            lines = "".join(te.format()).rstrip("\n").split("\n")
+            cap.write("\n".join(lines[-int(limits["traceback_lines"]):]) + "\n")
+        except BaseException:
+            cap.write(f"{type(exc).__name__}\n")
+    finally:
+        _Guard.untrusted = False
+        sys.stdout, sys.stderr = saved
+    return cap.text(), status
+
+
+def _set_limits(limits: dict[str, Any]) -> None:
+    import resource
+
+    cpu = int(limits.get("cpu_s", 10))
+    for name, value in ((resource.RLIMIT_CPU, (cpu, cpu + 2)),
+                        (resource.RLIMIT_AS, int(limits.get("memory_bytes", 2 << 30))),
+                        (resource.RLIMIT_FSIZE, int(limits.get("file_bytes", 16 << 20))),
+                        (resource.RLIMIT_NPROC, int(limits.get("processes", 64))),
+                        (resource.RLIMIT_CORE, 0)):
+        soft, hard = value if isinstance(value, tuple) else (value, value)
+        _, current = resource.getrlimit(name)
+        if current != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current), min(hard, current)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(name, (soft, hard))
+
+
+def _reap_zombies() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+# --------------------------------------------------------------------------- workers and frozen forks
+class _Runtime:
+    """The loop of a sandbox process: a worker (``serve``) or a frozen fork (``freeze``)."""
+
+    def __init__(self, namespace: dict[str, Any]):
+        self.ns = namespace
+
+    def fork(self) -> int:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a cell may have tampered with it
+        import random
+
+        state = random.getstate()
+        pid = os.fork()
+        if pid == 0:
+            random.setstate(state)  # `random` reseeds after fork; forks must continue the same stream
+        return pid
+
+    def serve(self, sock: socket.socket) -> None:
+        """Answer the host's requests on ``sock`` until it closes. Never returns."""
+        while True:
+            fds: list[int] = []
+            msg = wire.recv(sock, None, fds)
+            if msg is None or msg.get("op") == "close":
+                os._exit(0)
+            op = msg.get("op")
+            if op == "exec":
+                sock = self._exec(sock, str(msg.get("code", "")), msg.get("limits", {}))
+            elif op == "snapshot" and fds:
+                self._snapshot(sock, socket.socket(fileno=fds[0]), str(msg.get("dir")))
+            else:
+                for fd in fds:
+                    os.close(fd)
+                wire.send(sock, {"error": f"unknown request {op!r}"})
+
+    def _exec(self, host: socket.socket, code: str, limits: dict[str, Any]) -> socket.socket:
+        mine, theirs = socket.socketpair()
+        pid = self.fork()
+        if pid == 0:  # the cell child
+            mine.close()
+            os.close(host.detach())  # the cell gets the host channel back only if it finishes
+            os.setpgid(0, 0)
+            kernel.set_pdeathsig(signal.SIGKILL)
+            _set_limits(limits)
+            output, status = _execute(code, self.ns, limits)
+            with contextlib.suppress(OSError):
+                wire.send(theirs, {"output": output, "status": status, "threads": kernel.threads_of_self()})
+            fds: list[int] = []
+            commit = wire.recv(theirs, None, fds)
+            if commit is None or not fds:
+                os._exit(0)
+            kernel.set_pdeathsig(0)
+            import resource
+
+            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))  # room for the worker's own bookkeeping
+            new_host = socket.socket(fileno=fds[0])
+            wire.send(theirs, {"ack": True})
+            theirs.close()
+            # This process is the worker now: it answers, so the kernel stamps the reply with its pid.
+            wire.send(new_host, {"output": str(commit.get("output", "")), "status": str(commit.get("status")),
+                                 "committed": True})
+            return new_host
+        theirs.close()
+        deadline = time.monotonic() + float(limits.get("timeout_s", 10.0))
+        result = wire.recv(mine, deadline)
+        threads = result.get("threads", 1) if result is not None else 1
+        if result is not None and threads == 1:
+            output = result.get("output")
+            status = "error" if result.get("status") == "error" else "ok"
+            wire.send(mine, {"commit": True, "output": output if isinstance(output, str) else "", "status": status},
+                      [host.fileno()])
+            if wire.recv(mine, time.monotonic() + 10.0) is not None:
+                os._exit(0)  # the child holds the new state and the host channel
+        timed_out = result is None and time.monotonic() >= deadline
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        _, wstatus = os.waitpid(pid, 0)
+        mine.close()
+        if result is not None and threads != 1:
+            output = result.get("output")
+            text = (output if isinstance(output, str) else "") + _THREAD_NOTE.format(n=int(threads) - 1
+                                                                                  if isinstance(threads, int) else "")
+            wire.send(host, {"output": text, "status": "error", "committed": False})
+            return host
+        if timed_out:
+            text, kind = f"Timeout: the cell ran longer than {limits.get('timeout_s')} s and was killed.", "timeout"
+        elif os.WIFSIGNALED(wstatus):
+            sig = os.WTERMSIG(wstatus)
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            reason = {"SIGXCPU": "CPU time limit exceeded", "SIGKILL": "killed (CPU or memory limit)",
+                      "SIGSEGV": "segmentation fault", "SIGXFSZ": "file size limit exceeded"}.get(name, name)
+            text, kind = f"Crashed: the cell's process died ({reason}).", "crashed"
+        else:
+            text, kind = f"Crashed: the cell exited with status {os.waitstatus_to_exitcode(wstatus)}.", "crashed"
+        wire.send(host, {"output": text + " Its changes were discarded; earlier state is intact.", "status": kind,
+                         "committed": False})
+        return host
+
+    def _snapshot(self, host: socket.socket, channel: socket.socket, directory: str) -> None:
+        shutil.copytree(os.getcwd(), directory, dirs_exist_ok=True, symlinks=True)
+        pid = self.fork()
+        if pid == 0:
+            host.close()
+            os.setpgid(0, 0)
+            wire.send(channel, {"frozen": True})  # stamped by the kernel with this process's pid
+            self.freeze(channel, directory)
+        channel.close()
+        wire.send(host, {"ok": True})
+
+    def freeze(self, sock: socket.socket, directory: str) -> None:
+        """Serve spawn requests: each forks a worker holding this process's state. Never returns."""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # spawned workers are reaped automatically
+        while True:
+            fds: list[int] = []
+            msg = wire.recv(sock, None, fds)
+            if msg is None or msg.get("op") != "spawn" or not fds:
+                os._exit(0)
+            pid = self.fork()
+            if pid != 0:
+                signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # fork() reset it; keep reaping
+                _reap_zombies()
+                os.close(fds[0])
+                continue
+            sock.close()
+            channel = socket.socket(fileno=fds[0])
+            workdir = str(msg.get("workdir"))
+            shutil.copytree(directory, workdir, dirs_exist_ok=True, symlinks=True)
+            os.chdir(workdir)
+            _Guard.workdir = os.path.realpath(workdir)
+            wire.send(channel, {"ready": True})
+            self.serve(channel)
+
+
+# --------------------------------------------------------------------------- lineages
+def _lineage_mounts(lineage_dir: str, root: str) -> None:
+    """In the lineage's new mount namespace: its own /proc, /tmp and /dev/shm, and of the sandbox root only its
+    own directory (at the same path, so host and sandbox name files alike)."""
+    kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+    hidden = kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC
+    kernel.mount("proc", "/proc", "proc", hidden)
+    kernel.mount(lineage_dir, "/run/lineage", None, kernel.MS_BIND | kernel.MS_REC)
+    kernel.mount("tmpfs", "/tmp", "tmpfs", hidden, "size=64m,mode=1777")
+    kernel.mount("tmpfs", "/dev/shm", "tmpfs", hidden, "size=64m,mode=1777")
+    if os.path.exists(lineage_dir):  # the root is not under /tmp: cover it too
+        kernel.mount("tmpfs", root, "tmpfs", hidden, "size=1m,mode=0755")
+    os.makedirs(lineage_dir, exist_ok=True)
+    kernel.mount("/run/lineage", lineage_dir, None, kernel.MS_MOVE)
+
+
+def _living(namespaces: bool, me: int) -> dict[int, int]:
+    """pid -> parent pid of this lineage's live (non-zombie) processes other than the supervisor."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] not in ("Z", "X"):
+            parents[int(name)] = int(fields[1])
+    if not namespaces:  # no PID namespace: the lineage is this subreaper's descendants
+        found, frontier = set(), {me}
+        while frontier:
+            frontier = {p for p, pp in parents.items() if pp in frontier} - found
+            found |= frontier
+        parents = {p: pp for p, pp in parents.items() if p in found}
+    parents.pop(me, None)
+    return parents
+
+
+def _pidfd_pid(fd: int) -> int:
+    """The pid (in this namespace) of the process a pidfd refers to; 0 if not visible here or gone."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    return max(0, int(line.split()[1]))
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _sweep(namespaces: bool, workers: set[int], frozen: set[int]) -> None:
+    """Kill every process of the lineage but the supervisor, the frozen forks in ``frozen`` and the workers in
+    ``workers`` with their descendants (a cell in flight, children a committed cell left)."""
+    me = os.getpid()
+    for _ in range(1000):  # a fork bomb may add processes while we kill; RLIMIT_NPROC bounds it
+        parents = _living(namespaces, me)
+        keep, frontier = set(frozen), set(workers)
+        while frontier:
+            keep |= frontier
+            frontier = {p for p, pp in parents.items() if pp in frontier} - keep
+        doomed = [p for p in parents if p not in keep]
+        if not doomed:
+            return
+        for p in doomed:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        time.sleep(0.001)
+
+
+def _supervise(ctl: socket.socket, namespaces: bool) -> None:
+    """The lineage's supervisor loop: sweep on request, end everything when the host hangs up."""
+    while True:
+        fds: list[int] = []
+        msg = wire.recv(ctl, None, fds)
+        if msg is None:
+            _sweep(namespaces, set(), set())
+            os._exit(0)  # as pid 1 of the lineage's namespace, this also kills what the sweep missed
+        kinds = msg.get("kinds") if isinstance(msg.get("kinds"), list) else []
+        workers, frozen = set(), set()
+        for fd, kind in zip(fds, kinds):
+            pid = _pidfd_pid(fd)
+            if pid:
+                (frozen if kind == "frozen" else workers).add(pid)
+        for fd in fds:
+            os.close(fd)
+        _sweep(namespaces, workers, frozen)
+        wire.send(ctl, {"swept": True})
+
+
+def _new_lineage(runtime: _Runtime, msg: dict[str, Any], ctl: socket.socket, chan: socket.socket) -> None:
+    """In a fork of the template (trusted: model code never ran here). Creates the lineage's namespaces, forks
+    the supervisor into them and hands the host a pidfd of it; the supervisor forks the first worker."""
+    namespaces = _Config.namespaces
+    try:
+        if namespaces:
+            kernel.set_dumpable(True)  # /proc/self/uid_map must be writable by this process after a uid switch
+            uid, gid = os.getuid(), os.getgid()
+            kernel.unshare(kernel.LINEAGE_NAMESPACES)
+            kernel.map_self(uid, gid)
+        spid = runtime.fork()
+        if spid == 0:
+            _start_supervisor(runtime, msg, ctl, chan)
+        pidfd = os.pidfd_open(spid)
+        wire.send(ctl, {"ok": True}, [pidfd])
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            wire.send(ctl, {"error": f"{type(exc).__name__}: {exc}"})
+    os._exit(0)
+
+
+def _start_supervisor(runtime: _Runtime, msg: dict[str, Any], ctl: socket.socket, chan: socket.socket) -> None:
+    namespaces = _Config.namespaces
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_IGN)  # pid 1 ignores what it has no handler for; none here
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # orphans of the lineage are reparented here: reap them
+    try:
+        if namespaces:
+            _lineage_mounts(str(msg["dir"]), str(msg["root"]))
+        else:
+            kernel.set_subreaper()
+        wpid = runtime.fork()
+        if wpid == 0:
+            ctl.close()
+            _start_worker(runtime, chan, str(msg["workdir"]))
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            wire.send(chan, {"error": f"lineage setup failed: {type(exc).__name__}: {exc}"})
+        os._exit(1)
+    chan.close()
+    _supervise(ctl, namespaces)
+
+
+def _start_worker(runtime: _Runtime, chan: socket.socket, workdir: str) -> None:
+    try:
+        os.umask(0o077)
+        if _Config.namespaces:
+            kernel.drop_capabilities()  # the supervisor keeps its capabilities in the lineage's user namespace
+        if _Config.seccomp:
+            kernel.load_seccomp(_Config.seccomp)
+        os.chdir(workdir)
+        _Guard.workdir = os.path.realpath(workdir)
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            wire.send(chan, {"error": f"worker setup failed: {type(exc).__name__}: {exc}"})
+        os._exit(1)
+    wire.send(chan, {"ready": True})
+    runtime.serve(chan)
+
+
+# --------------------------------------------------------------------------- the template
+def _configure(msg: dict[str, Any]) -> None:
+    """Apply the host's init message: the layers on, and (as root) the switch to the sandbox user."""
+    _Config.namespaces = bool(msg.get("namespaces"))
+    _Config.seccomp = base64.b64decode(str(msg.get("seccomp", "")))
+    if os.geteuid() == 0:
+        if msg.get("mount_proc"):  # as root, bubblewrap leaves /proc to us (see jail.py)
+            kernel.mount("proc", "/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC)
+        uid, gid = msg.get("uid"), msg.get("gid")
+        if isinstance(uid, int) and isinstance(gid, int):
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)  # clears every capability
+    if _Config.namespaces:
+        kernel.drop_capabilities()  # with user=None the template keeps root's uid, never its capabilities
+
+
+def main(fd: int) -> None:
+    """Entry of the template process."""
+    import importlib
+    import warnings
+
+    warnings.simplefilter("ignore")
+    host = socket.socket(fileno=fd)
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    for name in _PRELOAD:
+        with contextlib.suppress(ImportError):
+            namespace[name] = importlib.import_module(name)
+    if "numpy" in namespace:
+        namespace["np"] = namespace["numpy"]
+    if "sympy" in namespace:
+        namespace["sp"] = namespace["sympy"]
+    namespace["Fraction"] = namespace["fractions"].Fraction
+    namespace["Decimal"] = namespace["decimal"].Decimal
+    for name in _WARM:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    import gc
+
+    gc.freeze()  # the template's objects are never collected: a collection in a fork would copy their pages
+    init = wire.recv(host)
+    if init is None:
+        os._exit(1)
+    try:
+        _configure(init)
+    except Exception as exc:
+        wire.send(host, {"error": f"{type(exc).__name__}: {exc}"})
+        os._exit(1)
+    sys.addaudithook(_Guard.hook)
+    kernel.set_subreaper()  # supervisors (their Z parent exits at once) are reparented here and reaped
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1) if os.environ.get("TRACE_SANDBOX_DEBUG") else (0, 1, 2):
+        os.dup2(devnull, target)  # C-level writes of a cell go nowhere
+    runtime = _Runtime(namespace)
+    wire.send(host, {"ready": True})
+    while True:
+        fds: list[int] = []
+        msg = wire.recv(host, None, fds)
+        if msg is None:
+            os._exit(0)
+        if msg.get("op") != "lineage" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            continue
+        ctl, chan = socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
+        pid = runtime.fork()
+        if pid == 0:
+            host.close()
+            _new_lineage(runtime, msg, ctl, chan)
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        _reap_zombies()
+        ctl.close()
+        chan.close()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

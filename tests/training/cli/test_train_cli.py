@@ -1,0 +1,85 @@
+"""`trace-gym train` and `eval` on a real (tiny) run folder: resuming a finished run says it is complete,
+`eval --checkpoint RUN_DIR` reads the run's own config, and transformers' progress bars stay out of the output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.training.parity_env import ENTRY_POINT
+from trace_gym.training.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """Two training steps of the nano model on the parity env, through the command."""
+    from trace_gym.agents.tiny import build_tiny_model
+
+    base = tmp_path_factory.mktemp("cli_run")
+    config = {
+        "run_dir": str(base / "run"), "steps": 2,
+        "model": {"path": str(build_tiny_model(base / "nano", size="nano", seed=0))},
+        "env": {"id": ENTRY_POINT, "kwargs": {"n_tasks": 8}, "workers": 1},
+        "rollout": {"max_new_tokens": 6, "max_context": 512},
+        "alloc": {"allocator": "grpo", "roots": 4, "multiplier": 0, "pool_size": 4, "group_size": 2, "cap": 4},
+        "optim": {"lr": 1e-3, "mini_batch": 4, "micro_batch": 4},
+        "eval": {"every": 0, "tasks": 2},
+        "checkpoint": {"every": 1},
+        "log": {"progress": False, "plots": False},
+    }
+    (base / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", "--config", str(base / "config.yaml")]) == 0
+    return base / "run"
+
+
+def test_resuming_a_finished_run_says_it_is_complete(finished_run, capsys):
+    metrics = (finished_run / "metrics.jsonl").read_text()
+    assert main(["train", "--resume", str(finished_run)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "is complete: 2 of 2 steps" in out and "steps=4" in out
+    assert (finished_run / "metrics.jsonl").read_text() == metrics
+
+
+def test_eval_of_a_run_folder_reads_the_runs_own_config(finished_run, capsys):
+    assert main(["eval", "--checkpoint", str(finished_run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["env"] == ENTRY_POINT and result["tasks"] == 2
+
+
+def test_eval_of_one_checkpoint_folder_finds_the_runs_config(finished_run, capsys):
+    step = finished_run / "checkpoints" / "step_000001"
+    assert main(["eval", "--checkpoint", str(step), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == str(step / "model")
+
+
+def test_transformers_progress_bars_stay_out_of_the_output(finished_run):
+    result = subprocess.run([sys.executable, "-m", "trace_gym.training.cli", "eval", "--checkpoint", str(finished_run)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Loading weights" not in result.stdout + result.stderr and "it/s]" not in result.stderr
+
+
+def test_eval_of_a_run_takes_sampling_flags_as_overrides_and_writes_its_outputs(finished_run, capsys, tmp_path):
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(finished_run), "--tasks", "1", "--samples", "3", "--temperature", "1",
+                 "--out", str(out), "--trees", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["tasks"], summary["samples"], summary["episodes"], summary["temperature"]) == (1, 3, 3, 1.0)
+    assert summary["success_ci95"] == [None, None]  # one task: no interval, and JSON has no NaN
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and len(rows[0]["rewards"]) == 3
+    assert main(["view", str(out / "trees.jsonl"), "--out", str(tmp_path / "trees.html")]) == 0
+
+
+def test_eval_of_a_run_prints_the_summary_table(finished_run, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # the model's path on one line
+    assert main(["eval", "--checkpoint", str(finished_run)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "trace-gym eval" in out and "95% interval" in out and str(finished_run) in out

@@ -1,0 +1,39 @@
+"""Building a run's parts from its config (env specs themselves: tests/trace_gym/test_env_specs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trace_gym.training.allocation.predictor import FeaturePredictor
+from trace_gym.training.driver.builders import make_predictor
+from trace_gym.training.driver.config import TrainConfig
+
+
+def test_the_feature_predictor_never_asks_for_hidden_states():
+    cfg = TrainConfig.from_dict({"predictor": {"kind": "features", "lr": 0.02, "steps": 7}})
+    predictor = make_predictor(cfg, lambda: pytest.fail("hidden states are not needed"))
+    assert isinstance(predictor, FeaturePredictor) and (predictor.lr, predictor.steps) == (0.02, 7)
+
+
+def test_packed_hidden_state_features_equal_one_forward_per_prefix(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_gym.agents.tiny import build_tiny_model
+    from trace_gym.training.allocation.predictor import Prefix
+    from trace_gym.training.driver.builders import hidden_state_fn
+
+    path = build_tiny_model(tmp_path / "nano", size="nano", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # A step's prefixes: one prompt, its turns, a sibling turn, and another prompt.
+    prefixes = [Prefix("a", "What is 3*4?"), Prefix("a", "What is 3*4?", (("<python>print(3*4)</python>", "12"),)),
+                Prefix("a", "What is 3*4?", (("<python>print(3*5)</python>", "15"),)), Prefix("b", "Add 2 and 9.")]
+    packed = hidden_state_fn(model, tokenizer)(prefixes)
+    with torch.no_grad():  # the obvious reference: one forward per prefix over the same rendering
+        single = torch.stack([
+            model(input_ids=torch.tensor([tokenizer("\n".join([p.prompt, *(f"{a}\n{o}" for a, o in p.turns)]),
+                                                    add_special_tokens=False)["input_ids"]]),
+                  output_hidden_states=True).hidden_states[-1][0, -1] for p in prefixes])
+    assert packed.shape == (4, model.config.hidden_size)
+    torch.testing.assert_close(packed, single, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,67 @@
+"""The warm start: scripted-expert episodes played through the rollout collector, and `trace-gym sft` end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.agents.calc_env import CalcEnv
+from trace_gym.agents.scripted import ExpertPolicy
+from trace_gym.errors import ConfigError
+from trace_gym.training.driver.warm_start import collect_expert_episodes, held_out_eval
+
+
+def test_expert_episodes_are_successful_tool_then_answer_chats():
+    data = collect_expert_episodes(lambda: CalcEnv("train", digits=1), 40)
+    assert len(data) == 40
+    for episode in data:
+        assert [m["role"] for m in episode] == ["system", "user", "assistant", "tool", "assistant"]
+        assert episode[-1]["content"] == f"<answer>{episode[3]['content']}</answer>"
+
+
+def test_expert_episodes_cycle_through_the_tasks_and_spare_the_holdout():
+    env = CalcEnv("train", n=10, digits=1)
+    prompts = [t.prompt for t in env.tasks]
+    data = collect_expert_episodes(lambda: CalcEnv("train", n=10, digits=1), 16, seed=3, holdout=4)
+    asked = [next(m["content"] for m in ep if m["role"] == "user") for ep in data]
+    assert sorted(asked) == sorted(prompts[(3 + i) % 6] for i in range(16))  # tasks 3..5, 0..5, 0..4; never 6..9
+
+
+def test_failed_expert_episodes_are_dropped_unless_asked_for():
+    from trace_gym.environments.math.env import ArithmeticEnv
+
+    def make():
+        return ArithmeticEnv(n_tasks=30)
+
+    kept = collect_expert_episodes(make, 30, noise=1.0)
+    every = collect_expert_episodes(make, 30, noise=1.0, only_successful=False)
+    assert len(every) == 30 and len(kept) < 30
+
+
+def test_a_holdout_as_large_as_the_task_set_is_refused():
+    with pytest.raises(ConfigError, match="holdout below"):
+        collect_expert_episodes(lambda: CalcEnv("train", n=5), 3, holdout=5)
+
+
+def test_the_expert_solves_every_held_out_task():
+    env = CalcEnv("test", n=20)
+    result = held_out_eval(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=20), n=20)
+    assert result.success == 1.0 and len(result.tasks) == 20
+    assert {t.task_id for t in result.tasks} == {t.id for t in env.tasks}  # the last 20 = all of them
+    assert all(t.stop_reasons == ("answer",) for t in result.tasks)
+
+
+@pytest.mark.slow
+def test_trace_gym_sft_collects_trains_and_reports(tmp_path, capsys):
+    from trace_gym.agents.tiny import build_tiny_model
+    from trace_gym.training.cli.main import main
+
+    model = build_tiny_model(tmp_path / "m", size="nano", seed=0)
+    assert main(["sft", "--model", str(model), "--out", str(tmp_path / "out"), "--episodes", "24", "--steps", "3",
+                 "--batch-size", "4", "--eval-episodes", "2", "--env-kwargs", '{"n_tasks": 40}']) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out[out.index('{\n  "env"'):])  # printed last, after the progress bar
+    assert summary["expert_episodes"] == 24 and summary["steps"] == 3
+    assert 0.0 <= summary["success_after_greedy"] <= 1.0
+    assert json.loads((tmp_path / "out" / "sft_summary.json").read_text()) == summary

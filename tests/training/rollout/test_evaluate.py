@@ -1,0 +1,153 @@
+"""Held-out evaluation as bare rollouts through the collector: per-prompt outcomes, 95% intervals over prompts,
+paired differences, rows and trees on disk."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.agents.calc_env import CalcEnv
+from trace_gym.agents.policy import SamplingParams
+from trace_gym.agents.scripted import ExpertPolicy
+from trace_gym.errors import ConfigError
+from trace_gym.training.rollout.collector import TreeCollector
+from trace_gym.training.rollout.evaluate import EvalResult, PairedDifference, TaskOutcome, evaluate, paired_difference
+from trace_gym.training.viz.viewer import load_trees
+
+
+def outcomes(successes: dict[str, list[float]]) -> EvalResult:
+    return EvalResult([TaskOutcome(tid, tuple(r), tuple(1 for _ in r), tuple("answer" for _ in r))
+                       for tid, r in successes.items()], seed=0)
+
+
+def test_success_and_interval_are_over_prompts():
+    result = outcomes({"a": [1.0, 1.0], "b": [1.0, 0.0], "c": [0.0, 0.0], "d": [1.0, 0.0]})
+    assert [t.success for t in result.tasks] == [1.0, 0.5, 0.0, 0.5]
+    assert result.success == 0.5 and result.episodes == 8
+    # sd of (1, .5, 0, .5) = sqrt(1/6); t(3) = 3.182
+    half = 3.182 * math.sqrt(1 / 6) / 2
+    assert result.interval() == pytest.approx((0.5 - half, 0.5 + half))
+    m = result.metrics()
+    assert m["eval/success"] == 0.5 and m["eval/success_hi"] == pytest.approx(0.5 + half)
+
+
+def test_paired_difference_uses_per_prompt_differences():
+    before = outcomes({"a": [0.0], "b": [1.0], "c": [0.0], "d": [1.0]})
+    after = outcomes({"d": [1.0], "c": [1.0], "b": [1.0], "a": [1.0]})  # order does not matter, prompts do
+    diff = paired_difference(before, after)
+    # differences (1, 0, 1, 0): mean 0.5, sd sqrt(1/3), t(3) = 3.182
+    half = 3.182 * math.sqrt(1 / 3) / 2
+    assert (diff.mean, diff.tasks) == (0.5, 4) and (diff.lo, diff.hi) == pytest.approx((0.5 - half, 0.5 + half))
+    same = paired_difference(before, before)
+    assert same.mean == same.lo == same.hi == 0.0  # no spread: a zero-width interval
+
+
+def test_paired_difference_of_any_per_prompt_measure_matches_the_evaluations():
+    # The shuffled-advantage check pairs per-prompt probabilities, not EvalResults: the same summary.
+    before = outcomes({"a": [0.0], "b": [1.0], "c": [0.0], "d": [1.0]})
+    after = outcomes({"a": [1.0], "b": [1.0], "c": [1.0], "d": [1.0]})
+    assert PairedDifference.of([1.0, 0.0, 1.0, 0.0]) == paired_difference(before, after)
+
+
+def test_paired_difference_refuses_different_prompts():
+    with pytest.raises(ConfigError, match="same prompts"):
+        paired_difference(outcomes({"a": [1.0]}), outcomes({"b": [1.0]}))
+
+
+@pytest.fixture(scope="module")
+def calc():
+    env = CalcEnv("test", n=70, digits=2)
+    collector = TreeCollector(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=70, digits=2), env.tasks,
+                              SamplingParams(), snapshot_kind="replay", workers=1)
+    yield collector, list(env.tasks)
+    collector.close()
+
+
+def test_evaluation_plays_every_sample_of_every_prompt_in_chunks(calc):
+    collector, tasks = calc
+    result = evaluate(collector, tasks, samples=2, seed=1)  # 70 prompts: two collector steps of 64 and 6
+    assert [t.task_id for t in result.tasks] == [t.id for t in tasks]
+    assert all(t.rewards == (1.0, 1.0) and t.turns == (2, 2) and t.stop_reasons == ("answer", "answer")
+               for t in result.tasks)
+    assert result.success == 1.0 and result.episodes == 140 and result.trees == []
+
+
+def test_evaluation_writes_rows_and_trees_the_viewer_reads(calc, tmp_path):
+    collector, tasks = calc
+    result = evaluate(collector, tasks[:3], samples=2, seed=2, keep_trees=True)
+    assert [t.task_id for t in result.trees] == [t.id for t in tasks[:3]]
+    result.write(tmp_path / "rows.jsonl", tmp_path / "trees.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert rows == [t.row() for t in result.tasks] and rows[0]["rewards"] == [1.0, 1.0]
+    shown = load_trees([tmp_path / "trees.jsonl"])
+    assert [r.tree.to_dict() for r in shown] == [t.to_dict() for t in result.trees]
+
+
+def test_eval_command_reports_success_with_its_interval(tmp_path, capsys):
+    import argparse
+
+    from tests.training.parity_env import ENTRY_POINT
+    from trace_gym.agents.tiny import build_tiny_model
+    from trace_gym.training.cli import train as cli
+
+    model = build_tiny_model(tmp_path / "nano", size="nano", seed=0)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments("eval", parser)
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"model: {{path: {model}}}\nenv: {{id: '{ENTRY_POINT}', kwargs: {{n_tasks: 4}}}}\n"
+                      "rollout: {max_new_tokens: 4, max_context: 256}\n")
+    args = parser.parse_args(["--config", str(config), "--json", "eval.tasks=4", "eval.samples=2",
+                              "eval.temperature=1.0"])
+    assert cli.run("eval", args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["tasks"], out["samples"], out["episodes"]) == (4, 2, 8) and out["model"] == str(model)
+    lo, hi = out["success_ci95"]
+    assert lo <= out["success"] <= hi
+
+
+def test_branches_continue_each_tree_from_its_open_nodes():
+    from trace_gym.training.rollout.evaluate import evaluate_policy
+
+    env = CalcEnv("test", n=5, digits=2)
+    result = evaluate_policy(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=5, digits=2), env.tasks,
+                             samples=2, seed=3, keep_trees=True, workers=1, branches=3)
+    assert result.episodes == 5 * (2 + 3) and all(len(t.rewards) == 5 for t in result.tasks)
+    for tree in result.trees:
+        assert len(tree.leaves()) == 5 and len(tree.root.children) >= 2
+        # every continuation hangs off a node that was open (non-terminal) when it was drawn
+        assert all(not tree[n.parent].is_terminal for n in tree.nodes[1:])
+
+
+def test_branch_points_and_samples_repeat_with_the_seed():
+    from trace_gym.agents.specs import policy_from_spec
+    from trace_gym.env_specs import env_factory
+    from trace_gym.training.rollout.evaluate import evaluate_policy
+
+    make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 4})
+    runs = [evaluate_policy(policy_from_spec("expert:0.5", make_env=make_env), make_env, 4, seed=seed,
+                            keep_trees=True, branches=2) for seed in (7, 7, 8)]
+    first, again, other = ([t.to_dict() for t in r.trees] for r in runs)
+    assert first == again and first != other
+
+
+def test_progress_hears_every_episode_up_to_the_total():
+    from trace_gym.training.rollout.evaluate import evaluate_policy
+
+    env = CalcEnv("test", n=6, digits=2)
+    heard: list[tuple[int, int]] = []
+    evaluate_policy(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=6, digits=2), env.tasks, samples=2,
+                    workers=2, branches=1, progress=lambda done, total: heard.append((done, total)))
+    assert {total for _, total in heard} == {18} and heard[-1][0] == 18
+    assert len(heard) > 2 and [d for d, _ in heard] == sorted(d for d, _ in heard)
+
+
+def test_evaluation_imports_without_torch() -> None:
+    """Evaluating a served or scripted policy needs no local model: torch is imported only where a model is."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['torch'] = None; import trace_gym.training.rollout.evaluate"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

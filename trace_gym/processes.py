@@ -1,0 +1,44 @@
+"""Processes an env starts: who descends from whom, and which helpers live as long as their host process.
+
+Envs with OS resources start process-wide helpers once (the sandbox's template, the bounded-call server) and
+register their pids here; everything else they start belongs to an episode and must be gone after ``close()``.
+The conformance checker counts a process left behind by an episode as a leak and a registered helper as none.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_services: dict[int, set[int]] = {}  # owner pid -> helper pids (a forked host starts its own helpers)
+
+
+def descendant_pids(pid: int | None = None) -> set[int]:
+    """Descendants of ``pid`` (default: this process), read from /proc. Zombies count: an unreaped child still
+    holds a pid and a slot of its user's process limit."""
+    root = os.getpid() if pid is None else pid
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        parents[int(entry.name)] = int(fields[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def register_service(*pids: int) -> None:
+    """Mark ``pids`` as helpers that live until this process exits (not an episode's processes)."""
+    _services.setdefault(os.getpid(), set()).update(p for p in pids if p > 0)
+
+
+def services() -> set[int]:
+    """Pids of this process's registered helpers."""
+    return set(_services.get(os.getpid(), set()))

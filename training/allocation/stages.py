@@ -1,0 +1,195 @@
+"""The stages of a TRACE step as pure functions: inputs in, a typed record out (docs/design.md, "One step").
+
+`allocate_roots` -> `RootAllocation` (stage 1: m_i bare rollouts per candidate prompt), `plan_continuations`
+-> `ContinuationPlan` (stage 2: k continuations per open prefix), `fit_predictor` (calibration, then one fit;
+returns metrics), `build_samples` -> `StepSamples` (advantages and the policy update's samples). None of them
+writes into the trees; `annotations.annotate` turns the records into the viewer's node annotations.
+
+A stage reads success estimates through a `ValueFn` (prefixes -> probabilities): the predictor's `predict`,
+or the environment's exact values for the oracle allocator (`simulation.SimCollector.true_values`).
+
+Choices where the paper is silent:
+1. Open prefixes are the non-terminal nodes of depth >= 1 after the bare rollouts; each lies on exactly one
+   bare rollout, whose reward is its r. A prompt with none sends its continuation budget to the root.
+2. Nodes with zero advantage are left out of the update when asked (`skip_zero`): they add no policy
+   gradient, and the token-level normaliser then counts only the trained nodes' tokens. Each node is trained
+   once, with its own prefix as context.
+3. The predictor is scored on the fresh trees before it is fit on them, so its metrics are out-of-sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trace_gym.tasks import Task
+from trace_gym.training.allocation.allocators import Allocator, StepBudget, expand_counts
+from trace_gym.training.allocation.metrics import brier, calibration_metrics, rank_correlation
+from trace_gym.training.allocation.predictor import Predictor, Prefix, training_examples
+from trace_gym.training.allocation.solvers import prefix_utility, root_utility
+from trace_gym.training.rollout.collector import context_ids
+from trace_gym.training.update.advantages import AdvantageMethod, tree_advantages, tree_values
+from trace_gym.tree import RolloutTree
+
+if TYPE_CHECKING:
+    from trace_gym.training.update.learner import Sample
+
+ValueFn = Callable[[Sequence[Prefix]], np.ndarray]
+"""Success probabilities in [0, 1], one per prefix (a predictor's `predict`, or exact values)."""
+
+
+# --------------------------------------------------------------------------------------------- stage 1
+@dataclass(frozen=True)
+class RootAllocation:
+    """Stage 1's decision: ``counts[task id] = m_i > 0`` bare rollouts over the candidate pool ``task_ids``.
+    ``values`` holds the pool's success estimates when the allocator used them (None when it chose without)."""
+
+    task_ids: tuple[str, ...]
+    values: np.ndarray | None
+    counts: dict[str, int]
+
+    def value(self, task_id: str) -> float | None:
+        """The estimate stage 1 saw for ``task_id`` (None without estimates or outside the pool)."""
+        if self.values is None or task_id not in self.task_ids:
+            return None
+        return float(self.values[self.task_ids.index(task_id)])
+
+    def utility(self, task_id: str) -> float | None:
+        """U_root(v, m) = 1 - v^m - (1-v)^m of ``task_id``'s decision (None without an estimate)."""
+        v = self.value(task_id)
+        return None if v is None else float(root_utility(min(max(v, 0.0), 1.0), self.counts.get(task_id, 0)))
+
+    def metrics(self) -> dict[str, float]:
+        values = self.values if self.values is not None else np.full(len(self.task_ids), 0.5)
+        picked = np.array([values[i] for i, tid in enumerate(self.task_ids) if tid in self.counts])
+        return {"alloc/pool": float(len(self.task_ids)), "alloc/prompts": float(len(self.counts)),
+                "alloc/roots": float(sum(self.counts.values())),
+                "alloc/pool_value_mean": float(np.mean(values)) if len(values) else float("nan"),
+                "alloc/chosen_value_mean": float(picked.mean()) if len(picked) else float("nan")}
+
+
+def allocate_roots(allocator: Allocator, values: ValueFn, pool: Sequence[Task], budget: StepBudget,
+                   rng: np.random.Generator) -> RootAllocation:
+    """Stage 1 over the candidate ``pool``; ``values`` is called only when the allocator reads estimates."""
+    estimates = values([Prefix(t.id, t.prompt) for t in pool]) if allocator.needs_root_values else None
+    chosen = allocator.allocate_roots(estimates if estimates is not None else np.full(len(pool), 0.5),
+                                      allocator.root_budget(budget), rng)
+    counts = {pool[i].id: int(m) for i, m in sorted(chosen.items())}
+    return RootAllocation(tuple(t.id for t in pool), estimates, counts)
+
+
+# --------------------------------------------------------------------------------------------- stage 2
+@dataclass(frozen=True)
+class PrefixChoice:
+    """Stage 2 at one open prefix: the reward ``reward`` of the bare rollout it lies on, the estimate ``value``
+    (None when the allocator chose without), and the ``continuations`` k it receives (0 included)."""
+
+    task_id: str
+    node_id: int
+    reward: float
+    value: float | None
+    continuations: int
+
+    @property
+    def utility(self) -> float | None:
+        """U_pref = 1 - q^k with q = r·v + (1-r)(1-v) (None without an estimate)."""
+        if self.value is None:
+            return None
+        return float(prefix_utility(self.reward, min(max(self.value, 0.0), 1.0), self.continuations))
+
+
+@dataclass(frozen=True)
+class ContinuationPlan:
+    """Stage 2's decision: every open prefix of every prompt with a continuation budget, and the budget sent to
+    a prompt's root when it had no open prefix (``root_extra``)."""
+
+    prefixes: tuple[PrefixChoice, ...]
+    root_extra: dict[str, int]
+
+    def counts(self) -> dict[tuple[str, int], int]:
+        """{(task id, node id): k > 0}, the collector's `continuations` argument (node 0: root extras)."""
+        out = {(c.task_id, c.node_id): c.continuations for c in self.prefixes if c.continuations}
+        for tid, k in self.root_extra.items():
+            out[(tid, 0)] = out.get((tid, 0), 0) + k
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        counts = self.counts()
+        return {"alloc/continuations": float(sum(counts.values())),
+                "alloc/root_extra": float(sum(self.root_extra.values())), "alloc/branch_points": float(len(counts))}
+
+
+def open_prefixes(tree: RolloutTree) -> list[int]:
+    """Non-terminal nodes of depth >= 1 (after bare rollouts: each lies on one rollout), choice 1."""
+    return [n.id for n in tree.nodes if n.depth >= 1 and not n.is_terminal]
+
+
+def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str, RolloutTree],
+                       roots: RootAllocation, budget: StepBudget, rng: np.random.Generator) -> ContinuationPlan:
+    """Stage 2: each prompt's budget `prefix_budget(m_i)` over its open prefixes."""
+    choices: list[PrefixChoice] = []
+    root_extra: dict[str, int] = {}
+    for tid, tree in trees.items():
+        b = allocator.prefix_budget(roots.counts.get(tid, 0), budget)
+        if b == 0:
+            continue
+        nodes = open_prefixes(tree)
+        rewards = np.clip(np.nan_to_num(tree_values(tree)[0][nodes]), 0.0, 1.0)
+        predicted = bool(allocator.needs_prefix_values and nodes)
+        estimates = values([Prefix.from_tree(tree, n) for n in nodes]) if predicted else np.full(len(nodes), 0.5)
+        counts, extra = expand_counts(allocator, rewards, estimates, b, rng)
+        choices.extend(PrefixChoice(tid, n, float(r), float(v) if predicted else None, int(k))
+                       for n, r, v, k in zip(nodes, rewards, estimates, counts))
+        if extra:
+            root_extra[tid] = int(extra)
+    return ContinuationPlan(tuple(choices), root_extra)
+
+
+# --------------------------------------------------------------------------------------------- predictor
+def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree], exact: ValueFn | None = None) -> dict[str, Any]:
+    """Targets V̂ of the fresh trees; the current predictor's calibration on them (and against ``exact`` values
+    when the environment knows them: ``predictor/brier_true``), then one fit (choice 3)."""
+    prefixes, targets, weights = training_examples(trees)
+    if not prefixes:
+        return {"predictor/examples": 0.0}
+    pred = predictor.predict(prefixes)
+    out: dict[str, Any] = calibration_metrics(pred, targets, weights)
+    if exact is not None:
+        out["predictor/brier_true"] = brier(pred, exact(prefixes), weights)
+    # Roots alone: does the predictor rank this step's prompts? (what stage 1 needs; deeper prefixes are easier)
+    roots = np.array([p.depth == 0 for p in prefixes])
+    out["predictor/root_brier"] = brier(pred[roots], targets[roots], weights[roots]) if roots.any() else float("nan")
+    out["predictor/root_rank_corr"] = rank_correlation(pred[roots], targets[roots])
+    out.update(predictor.fit(prefixes, targets, weights))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- samples
+@dataclass(frozen=True)
+class StepSamples:
+    """The policy update's input: one `Sample` per trained node with recorded tokens, and every trained node's
+    advantage by task id and node id (zeros included, for metrics and the viewer)."""
+
+    samples: list[Sample]
+    advantages: dict[str, dict[int, float]]
+
+
+def build_samples(trees: Mapping[str, RolloutTree], method: AdvantageMethod, skip_zero: bool = True) -> StepSamples:
+    """Tree-aware advantages of every node, and a sample per node that has tokens and logprobs (choice 2)."""
+    from trace_gym.training.update.learner import (
+        Sample,  # here, not above: the LLM-free simulation imports this module without torch
+    )
+
+    samples: list[Sample] = []
+    advantages: dict[str, dict[int, float]] = {}
+    for tid, tree in trees.items():
+        advantages[tid] = tree_advantages(tree, method)
+        for node_id, adv in advantages[tid].items():
+            node = tree[node_id]
+            if not node.token_ids or not node.logprobs or (skip_zero and abs(adv) < 1e-8):
+                continue
+            samples.append(Sample(context_ids(tree, node_id), list(node.token_ids), list(node.logprobs), adv))
+    return StepSamples(samples, advantages)

@@ -1,0 +1,1 @@
+"""The ``trace-gym`` command: ``main`` dispatches to one module per command group."""

@@ -1,0 +1,57 @@
+"""``trace-gym envs`` and ``trace-gym rollout``.
+
+``envs`` lists the registered trace ids. ``rollout`` plays any policy (``--policy SPEC``; by default the env's
+scripted expert with noise 0.3) on the env's first ``--tasks`` tasks and continues each task's tree ``--branches``
+times from uniformly chosen visited turns: with a noisy expert the trees have mixed outcomes, which is what
+allocation and tree advantages feed on. It shares its options, its rollouts and its report with
+``trace-gym eval`` (``trace_gym.training.cli.play``); the trees go to ``--out`` as JSONL for ``trace-gym view``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import gymnasium as gym
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from trace_gym.registration import ENV_SPECS, trace_env_ids
+
+
+def envs_table() -> Table:
+    """The ``trace-gym envs`` table: every trace id in full (ids never wrap or shorten, even at 80 columns),
+    its tools, and the class and settings it is made with."""
+    ids = trace_env_ids()
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                  caption="gym.make(ID, **kwargs); your own env: module:Class or module:id")
+    table.add_column("id", no_wrap=True, min_width=max(map(len, ids)))
+    table.add_column("tools")
+    table.add_column("class and settings", overflow="fold")
+    for env_id in ids:
+        entry, kwargs = ENV_SPECS[env_id]
+        env = gym.make(env_id).unwrapped
+        tools = ", ".join(t.name for t in getattr(env, "tool_map", {}).values()) or "per task"
+        made = "\n".join([entry.rsplit(":", 1)[1], *(f"{k}={v}" for k, v in kwargs.items())])
+        table.add_row(env_id, tools, made)
+        env.close()
+    return table
+
+
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``command`` ("envs" has none, "rollout") to ``parser``."""
+    if command == "rollout":
+        from trace_gym.training.cli import play as policy_cli
+
+        policy_cli.add_arguments("rollout", parser)
+
+
+def run(command: str, args: argparse.Namespace) -> int:
+    """Run ``command``; returns the exit status."""
+    console = Console()
+    if command == "envs":
+        console.print(envs_table())
+        return 0
+    from trace_gym.training.cli import play as policy_cli
+
+    return policy_cli.run("rollout", args, console)

@@ -1,0 +1,165 @@
+"""The warm start RL begins from: scripted-expert episodes collected through a `TreeCollector`, then SFT
+(`agents.sft.sft`); and `trace-gym sft`, which does the same on any env and evaluates before and after.
+
+Choices:
+1. Expert episodes cycle through the env's tasks from index ``seed``, never touching the last ``holdout``
+   (kept for evaluation). Each expert turn comes from a fresh expert seeded by the turn's sampling seed
+   (`ExpertPolicy` with a factory), so the episodes do not depend on how rollouts are batched.
+2. Episodes are played as bare rollouts with replay snapshots (nothing branches, so no snapshot costs a
+   fork), 64 prompts at a time (`evaluate.rollout_chunks`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from trace_gym.agents.policy import Policy, SamplingParams
+from trace_gym.agents.scripted import ExpertPolicy
+from trace_gym.agents.sft import SFTSettings, sft
+from trace_gym.errors import ConfigError
+from trace_gym.training.driver.builders import dataset_of
+from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.rollout.collector import TreeCollector
+from trace_gym.training.rollout.evaluate import EvalResult, evaluate, rollout_chunks
+
+
+def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: float = 0.0, seed: int = 0,
+                            only_successful: bool = True, holdout: int = 0) -> list[list[dict[str, Any]]]:
+    """Message lists of ``n`` episodes played by the env's scripted expert (``env.expert(noise, seed)``),
+    choice 1; failed episodes are dropped when ``only_successful``."""
+    tasks = dataset_of(make_env)
+    count = len(tasks) - holdout
+    if count < 1:
+        raise ConfigError(f"expected holdout below the env's {len(tasks)} tasks, got holdout={holdout}")
+    counts = Counter(tasks[(seed + i) % count].id for i in range(n))
+    probe = make_env()  # holds the env's expert (`expert(noise, seed)`, which every trace env defines)
+    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=noise, seed=s))  # type: ignore[attr-defined]
+    collector = TreeCollector(policy, make_env, tasks[:count], SamplingParams(), snapshot_kind="replay")
+    episodes = []
+    try:
+        for trees in rollout_chunks(collector, counts, seed):
+            episodes += [collector.messages(tid, leaf.id) for tid, tree in trees.items() for leaf in tree.leaves()
+                         if leaf.reward > 0 or not only_successful]
+    finally:
+        collector.close()
+        probe.close()
+    return episodes
+
+
+def held_out_eval(policy: Policy, make_env: Callable[[], gym.Env], n: int = 100,
+                  sampling: SamplingParams | None = None, seed: int = 0) -> EvalResult:
+    """``policy`` on the env's last ``n`` tasks (the ``holdout`` of `collect_expert_episodes`), one sample each;
+    greedy with 64 new tokens per turn by default."""
+    sampling = sampling or SamplingParams(temperature=0.0, max_new_tokens=64)
+    tasks = dataset_of(make_env)[::-1][:n]
+    # A scripted expert reads messages; a model reads the exact token record.
+    tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
+    collector = TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay")
+    try:
+        return evaluate(collector, tasks, 1, seed)
+    finally:
+        collector.close()
+
+
+def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any = None) -> str:
+    """The model folder RL starts from: builds the tiny model when asked and absent, then runs SFT on
+    scripted-expert episodes when asked and `sft.output` holds no model yet."""
+    base = Path(cfg.model.path)
+    if not (base / "config.json").is_file():
+        if cfg.model.init_size is None:
+            raise ConfigError(f"expected a model folder at model.path={str(base)!r}, got none; fix: point "
+                              "model.path at a local model or set model.init_size=tiny to build the tiny model")
+        from trace_gym.agents.tiny import build_tiny_model
+
+        _say(console, f"building the {cfg.model.init_size} model at {base}")
+        build_tiny_model(base, size=cfg.model.init_size, seed=cfg.seed)
+    if not cfg.sft.enabled:
+        return str(base)
+    out = Path(cfg.sft.output)
+    if (out / "config.json").is_file():
+        return str(out)
+    _say(console, f"warm start: SFT on {cfg.sft.episodes} scripted-expert episodes -> {out}")
+    data = collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed)
+    sft(base, data, out, SFTSettings(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+                                     seed=cfg.seed), progress=console is not None)
+    return str(out)
+
+
+def _say(console: Any, text: str) -> None:
+    if console is not None:
+        console.print(text)
+
+
+def sft_env(model_dir: str | Path, env_id: str, episodes: int = 2000, out_dir: str | Path | None = None,
+            settings: SFTSettings | None = None, eval_episodes: int = 100, noise: float = 0.0,
+            env_kwargs: Mapping[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
+    """`trace-gym sft --model DIR --env ID --episodes N`: collect expert episodes, fine-tune, evaluate on
+    held-out tasks before and after. Returns a JSON-ready summary (also written to `sft_summary.json`)."""
+    import trace_gym  # noqa: F401 - registers the trace/* ids
+    from trace_gym.agents.hf import HFPolicy
+
+    def make_env() -> gym.Env:
+        return gym.make(env_id, **dict(env_kwargs or {}))
+
+    data = collect_expert_episodes(make_env, episodes, noise=noise, holdout=eval_episodes)
+    before = held_out_eval(HFPolicy.from_pretrained(model_dir), make_env, eval_episodes)
+    result = sft(model_dir, data, out_dir, settings, progress=progress)
+    policy = HFPolicy.from_pretrained(result.out_dir)
+    after = held_out_eval(policy, make_env, eval_episodes)
+    sampled = held_out_eval(policy, make_env, eval_episodes, SamplingParams(max_new_tokens=64), seed=1)
+    summary = {"env": env_id, "expert_episodes": len(data), "sequences": result.sequences,
+               "steps": len(result.losses), "loss_first": result.losses[0], "loss_last": result.losses[-1],
+               "success_before_greedy": before.success, "success_after_greedy": after.success,
+               "success_after_t1": sampled.success, "out_dir": str(result.out_dir)}
+    (result.out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+# --------------------------------------------------------------------------------------------- trace-gym sft
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    """The options of `trace-gym sft` (the dispatcher in training/cli/main.py calls this and `run`; every option has
+    a help text: the dispatcher's formatter appends its default)."""
+    if command != "sft":
+        raise ConfigError(f"expected command 'sft', got {command!r}")
+    d = SFTSettings()
+    parser.add_argument("--model", required=True, help="model folder to fine-tune (trace-gym model init)")
+    parser.add_argument("--env", default="trace/Arithmetic-v0",
+                        help="env whose scripted expert teaches: an id, module:id or module:Class")
+    parser.add_argument("--episodes", type=int, default=2000, help="expert episodes to collect")
+    parser.add_argument("--out", default=None, help="output folder (default: the model folder, in place)")
+    parser.add_argument("--steps", type=int, default=d.steps, help="optimiser steps")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="episodes per step")
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of batch sampling")
+    parser.add_argument("--noise", type=float, default=0.0, help="expert noise (failed episodes are dropped)")
+    parser.add_argument("--eval-episodes", type=int, default=100, help="held-out tasks to evaluate on")
+    parser.add_argument("--env-kwargs", default="{}", help="JSON keyword arguments of the env")
+
+
+def run(command: str, args: argparse.Namespace) -> int:
+    """Run `trace-gym sft`; prints the summary as JSON."""
+    from trace_gym.agents.specs import check_model_folder
+    from trace_gym.env_specs import resolve_env_spec
+
+    check_model_folder(args.model)
+    resolve_env_spec(args.env)
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"expected --env-kwargs as a JSON object, got {args.env_kwargs!r} ({exc.msg}); fix: "
+                          """e.g. --env-kwargs '{"n_tasks": 500}'""") from None
+    if not isinstance(env_kwargs, dict):
+        raise ConfigError(f"expected --env-kwargs as a JSON object, got {args.env_kwargs!r}; fix: e.g. "
+                          """--env-kwargs '{"n_tasks": 500}'""")
+    settings = SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    summary = sft_env(args.model, args.env, episodes=args.episodes, out_dir=args.out, settings=settings,
+                      eval_episodes=args.eval_episodes, noise=args.noise, env_kwargs=env_kwargs)
+    print(json.dumps(summary, indent=2))
+    return 0

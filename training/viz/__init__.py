@@ -1,0 +1,1 @@
+"""Looking at trees and runs: the self-contained HTML tree viewer and the run plots."""
