@@ -1,7 +1,14 @@
 """OpenAI-compatible HTTP backend (a `vllm serve` or SGLang server the user runs), standard library only.
 
 Token-id prompts (and message prompts when a local tokenizer is given) go to `/v1/completions` with the ids
-as the prompt; message prompts otherwise go to `/v1/chat/completions` with the tool schemas. With
+as the prompt: the model writes its tool calls as text and the env parses them. Message prompts otherwise go to
+`/v1/chat/completions`. There, with ``tool_calls="native"`` and the env's `ToolFormat` (`policy_from_spec`
+reads it from the env), the request carries the env's tool schemas as ``tools``, the history goes in the
+OpenAI form (assistant ``tool_calls``, results with their ``tool_call_id``) and an answer's
+``message.tool_calls`` become the env's action text (agents/native_tools.py); with ``tool_calls="text"`` the
+messages go as the env wrote them and the answer's ``content`` is the action. An answer with neither content
+nor tool calls, or tool calls the policy has no format for, raises `ServerError`: it is never read as an
+empty turn. With
 `server="vllm"` the request asks for `return_tokens_as_token_ids`, so generations carry exact token ids, and
 passes vLLM's extra sampling fields (top_k, min_tokens, include_stop_str_in_output). Each (request, sample)
 pair is one HTTP call with its own seed; at most `concurrency` calls are in flight at once, over all threads
@@ -24,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from trace_gym.agents.chat import encode, render_prompt
+from trace_gym.agents.native_tools import ToolFormat
 from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
 from trace_gym.errors import ConfigError, ServerError
 
@@ -37,10 +45,13 @@ class OpenAIPolicy:
 
     def __init__(self, base_url: str, model: str, tokenizer=None, api_key: str | None = None,
                  server: Literal["vllm", "openai"] = "vllm", timeout: float = 120.0, max_retries: int = 5,
-                 backoff: float = 0.5, concurrency: int = 16, max_wait: float = 60.0):
+                 backoff: float = 0.5, concurrency: int = 16, max_wait: float = 60.0,
+                 tool_calls: Literal["native", "text"] = "native", tool_format: ToolFormat | None = None):
         if concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise ConfigError(f"expected concurrency >= 1, max_retries >= 0, timeout > 0, got {concurrency}, "
                               f"{max_retries}, {timeout}")
+        if tool_calls not in ("native", "text"):
+            raise ConfigError(f"expected tool_calls 'native' or 'text', got {tool_calls!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
@@ -51,6 +62,9 @@ class OpenAIPolicy:
         self.backoff = backoff
         self.concurrency = concurrency
         self.max_wait = max_wait
+        self.tool_calls = tool_calls
+        self.tool_format = tool_format
+        """The env's tools and action parser, for native tool calls (`ToolFormat.of_env(env)`)."""
         self._slots = threading.BoundedSemaphore(concurrency)  # the in-flight limit, shared by every caller
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
@@ -81,19 +95,51 @@ class OpenAIPolicy:
             tokens, logps = lp.get("tokens") or [], lp.get("token_logprobs") or []
             text = choice.get("text") or ""
         else:
-            body.update(messages=[dict(m) for m in req.messages or []], logprobs=True, top_logprobs=0)
-            if req.tools:
-                body["tools"] = [dict(t) for t in req.tools]
+            body.update(logprobs=True, top_logprobs=0, **self._chat_fields(req))
             choice = _first_choice(self._post("/chat/completions", body), "/chat/completions")
             content = (choice.get("logprobs") or {}).get("content") or []
             tokens, logps = [c["token"] for c in content], [c["logprob"] for c in content]
-            text = (choice.get("message") or {}).get("content") or ""
+            text = self._action(choice)
         ids = [_token_id(t) for t in tokens]
         return Generation(text=text, token_ids=[t for t in ids if t is not None] if all(
             t is not None for t in ids) else [], logprobs=[float(x) for x in logps if x is not None],
-            finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+            finish_reason="length" if choice.get("finish_reason") == "length" else "stop",  # "tool_calls" ends a turn
             prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0, prompt_ids=prompt_ids or [],
             request_index=i, sample_index=j)
+
+    def _chat_fields(self, req: Request) -> dict[str, Any]:
+        """``messages`` (and ``tools``) of a chat request: in the OpenAI tool form when native (module docstring)."""
+        messages = [dict(m) for m in req.messages or []]
+        native = self.tool_calls == "native"
+        if native and self.tool_format is not None:
+            tools = [dict(t) for t in req.tools] if req.tools else self.tool_format.schemas()
+            return {"messages": self.tool_format.wire_messages(messages), "tools": tools}
+        fields: dict[str, Any] = {"messages": messages}
+        if req.tools:
+            fields["tools"] = [dict(t) for t in req.tools]
+            if not native:
+                fields["tool_choice"] = "none"  # the schemas inform the template; the model writes calls as text
+        return fields
+
+    def _action(self, choice: dict[str, Any]) -> str:
+        """The env's action text of a chat answer: its tool calls in the env's format, else its content."""
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise ServerError(f"expected choices[0].message in the response of /chat/completions, got keys "
+                              f"{sorted(choice)}; fix: check that the server is OpenAI-compatible")
+        if message.get("tool_calls"):
+            if self.tool_format is None:
+                raise ServerError("expected a text answer, got message.tool_calls and no env tool format to write "
+                                  "them as an action; fix: build the policy with policy_from_spec(..., make_env=...) "
+                                  "or pass OpenAIPolicy(tool_format=ToolFormat.of_env(env))")
+            return self.tool_format.action(message, "the response of /chat/completions")  # type: ignore[return-value]
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise ServerError(f"expected message.content text or message.tool_calls in the response of "
+                              f"/chat/completions, got neither (message keys {sorted(message)}); fix: check the "
+                              "server's tool-call parser (vllm serve --enable-auto-tool-choice --tool-call-parser "
+                              "hermes) or use tool_calls='text'")
+        return content
 
     def models(self) -> list[str]:
         """The model names the server lists at ``GET /models``."""
@@ -120,7 +166,12 @@ class OpenAIPolicy:
             except urllib.error.HTTPError as exc:
                 last = f"HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"
                 if exc.code not in RETRY_STATUS:
-                    break
+                    fix = "check the model name and the request settings"
+                    if b'"tools"' in (data or b"") and "tool" in last.lower():
+                        fix = ("serve with a tool-call parser (vllm serve --enable-auto-tool-choice --tool-call-parser "
+                               "hermes), or send calls as text (--tool-calls text)")
+                    raise ServerError(f"expected an answer from {url}, got {last} (refused, not retried); "
+                                      f"fix: {fix}") from None
                 wait = min(_retry_after(exc.headers.get("Retry-After")), self.max_wait)
                 continue
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:

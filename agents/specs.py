@@ -13,7 +13,10 @@ spec                   policy
 ``http(s)://HOST/v1``  that server; the model is ``options.model``, else the one model it serves
 =====================  ===========================================================================
 
-A server's API key is read from the environment variable ``options.api_key_env`` (default
+A server's tool calls are native by default (``options.tool_calls``): the env's tool schemas go as ``tools`` and
+the server's ``tool_calls`` become the env's action text (agents/native_tools.py), which needs ``make_env``;
+``"text"`` sends the messages as the env wrote them and reads the answer's text. A server's API key is read
+from the environment variable ``options.api_key_env`` (default
 ``OPENAI_API_KEY``; a local ``vllm serve`` needs none). A wrong spec, a folder that is not a model, a missing
 key or package raise ``ConfigError`` with the fix.
 """
@@ -63,6 +66,9 @@ class PolicyOptions:
     and logprobs for training), else the server renders chat messages."""
     server: Literal["vllm", "openai"] = "vllm"
     """openai: "vllm" asks for vLLM's extra fields (token ids, top_k); "openai" sends the standard ones only."""
+    tool_calls: Literal["native", "text"] = "native"
+    """openai: "native" sends the env's tools and reads the answer's tool_calls (a server with a tool-call parser);
+    "text" lets the model write calls as text for the env to parse."""
     concurrency: int = 16
     """openai: most requests in flight at once (over all threads using the policy)."""
     max_retries: int = 5
@@ -79,12 +85,13 @@ def policy_from_spec(spec: str, options: PolicyOptions | None = None,
     backend = backend_of(spec)
     kind, _, rest = spec.partition(":")
     if backend == "openai" and spec.startswith(("http://", "https://")):
-        return _openai(options.model, spec, options)
+        return _openai(options.model, spec, options, make_env)
     if backend == "openai":
         if rest and options.model and rest != options.model:
             raise ConfigError(f"expected one model name, got {spec!r} and options.model={options.model!r}; fix: "
                               "name the model once (openai:NAME, or openai with the model option)")
-        return _openai(rest or options.model, options.base_url or os.environ.get("OPENAI_BASE_URL"), options)
+        return _openai(rest or options.model, options.base_url or os.environ.get("OPENAI_BASE_URL"), options,
+                       make_env)
     if backend == "expert":
         return _expert(spec, rest, options, make_env)
     if backend == "vllm":
@@ -185,7 +192,9 @@ def _vllm(path: str, options: PolicyOptions) -> Policy:
                                       seed=options.seed)
 
 
-def _openai(model: str | None, base_url: str | None, options: PolicyOptions) -> Policy:
+def _openai(model: str | None, base_url: str | None, options: PolicyOptions,
+            make_env: Callable[[], gym.Env] | None = None) -> Policy:
+    from trace_gym.agents.native_tools import ToolFormat
     from trace_gym.agents.openai_backend import OpenAIPolicy
 
     if not base_url:
@@ -201,8 +210,18 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions) -> 
 
         tokenizer = AutoTokenizer.from_pretrained(check_model_folder(options.tokenizer)
                                                   if Path(options.tokenizer).exists() else options.tokenizer)
+    if options.tool_calls not in ("native", "text"):
+        raise ConfigError(f"expected tool_calls 'native' or 'text', got {options.tool_calls!r}")
+    tool_format = None
+    if options.tool_calls == "native" and tokenizer is None and make_env is not None:
+        probe = make_env()
+        try:
+            tool_format = ToolFormat.of_env(probe)
+        finally:
+            probe.close()
     policy = OpenAIPolicy(base_url, model or "", tokenizer=tokenizer, api_key=api_key, server=options.server,
-                          timeout=options.timeout, max_retries=options.max_retries, concurrency=options.concurrency)
+                          timeout=options.timeout, max_retries=options.max_retries, concurrency=options.concurrency,
+                          tool_calls=options.tool_calls, tool_format=tool_format)
     if not model:
         served = policy.models()
         if len(served) != 1:

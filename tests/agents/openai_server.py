@@ -1,15 +1,17 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 for the HTTP backend's tests: it answers from a script
 of responses the test sets, and records every request (path, body, headers) and the most requests it
-had in flight at once."""
+had in flight at once. `ExpertScript` answers as an env's scripted expert would, either the OpenAI way
+(``tool_calls``, ``content: null``) or as text."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 Reply = tuple[int, dict[str, str], bytes]
 
@@ -25,6 +27,42 @@ def chat(text: str = "<answer>4</answer>") -> Reply:
     body = {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop",
                          "logprobs": {"content": [{"token": "x", "logprob": -0.1}]}}]}
     return 200, {}, json.dumps(body).encode()
+
+
+def message_reply(message: dict[str, Any], finish_reason: str = "stop",
+                  token_ids: tuple[int, ...] | None = None) -> Reply:
+    """A /chat/completions answer holding ``message``; with ``token_ids``, vLLM's token-id logprob strings."""
+    content = [{"token": f"token_id:{t}", "logprob": -0.25} for t in token_ids] if token_ids else \
+        [{"token": "x", "logprob": -0.1}]
+    body = {"choices": [{"message": message, "finish_reason": finish_reason, "logprobs": {"content": content}}]}
+    return 200, {}, json.dumps(body).encode()
+
+
+class ExpertScript:
+    """A server script that plays an env's scripted expert (``env.expert(noise, seed)``, seeded with the
+    request's seed) on the conversation it is sent: ``shape="tools"`` answers a call as ``message.tool_calls``
+    with ``content: null`` (as hosted APIs and vllm serve with a tool-call parser do), ``"text"`` as the env's
+    action text in ``content``. Tasks are found by their prompt (the first user message)."""
+
+    def __init__(self, make_env: Callable[[], Any], shape: Literal["tools", "text"], noise: float = 0.0):
+        probe = make_env()
+        base = probe.unwrapped
+        self.tasks = {t.prompt: t for t in base.tasks}
+        self.parser, self.tool_map, self.expert = base.parser, dict(base.tool_map), base.expert
+        probe.close()
+        self.shape, self.noise = shape, noise
+        self._ids = itertools.count()
+
+    def __call__(self, path: str, body: dict[str, Any]) -> Reply:
+        messages = body["messages"]
+        task = self.tasks[next(m["content"] for m in messages if m["role"] == "user")]
+        text = self.expert(noise=self.noise, seed=int(body.get("seed", 0))).act(task, messages)
+        calls = self.parser.parse(text, self.tool_map).calls
+        if self.shape == "text" or not calls:
+            return message_reply({"role": "assistant", "content": text})
+        tool_calls = [{"id": f"chatcmpl-tool-{next(self._ids)}", "type": "function",
+                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+        return message_reply({"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls")
 
 
 class ScriptedServer:

@@ -54,7 +54,8 @@ CONFIG_KEYS = {"tasks": "eval.tasks", "samples": "eval.samples", "temperature": 
 BACKEND_FLAGS: dict[str, tuple[str, tuple[Backend, ...]]] = {
     "--base-url": ("base_url", ("openai",)), "--model": ("model", ("openai",)),
     "--api-key-env": ("api_key_env", ("openai",)), "--tokenizer": ("tokenizer", ("openai",)),
-    "--server": ("server", ("openai",)), "--concurrency": ("concurrency", ("openai",)),
+    "--server": ("server", ("openai",)), "--tool-calls": ("tool_calls", ("openai",)),
+    "--concurrency": ("concurrency", ("openai",)),
     "--max-retries": ("max_retries", ("openai",)), "--timeout": ("timeout", ("openai",)),
     "--device": ("device", ("hf",)), "--dtype": ("dtype", ("hf", "vllm")),
     "--max-model-len": ("max_model_len", ("vllm",)),
@@ -93,6 +94,10 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     pol.add_argument("--server", choices=["vllm", "openai"],
                      help=f"server: 'vllm' asks for vLLM's extra fields, 'openai' sends standard ones only "
                           f"(default: {opts.server})")
+    pol.add_argument("--tool-calls", choices=["native", "text"],
+                     help="server: 'native' sends the env's tools and reads the answer's tool_calls (a server with a "
+                          "tool-call parser, e.g. vllm serve --enable-auto-tool-choice --tool-call-parser hermes); "
+                          f"'text' lets the model write calls as text (default: {opts.tool_calls})")
     pol.add_argument("--concurrency", type=int, metavar="N",
                      help=f"server: most requests in flight at once (default: {opts.concurrency})")
     pol.add_argument("--max-retries", type=int, metavar="N",

@@ -1,0 +1,162 @@
+"""Native tool calling: the OpenAI wire form of tool calls (``tools`` in the request, ``message.tool_calls`` in
+the answer, ``tool_call_id`` on results) mapped onto an env's text actions, both ways.
+
+An env speaks text: its parser reads calls from the assistant's turn and writes them (``parser.format``). A
+server with a tool-call parser (hosted APIs, ``vllm serve --enable-auto-tool-choice --tool-call-parser
+hermes``) answers with structured calls instead. `ToolFormat` turns such an answer into the env's action text
+(`ToolFormat.action`) and an env's chat history back into the wire form (`ToolFormat.wire_messages`): an
+assistant turn this format wrote is sent back as the exact message the server gave (its call ids included),
+one it did not write (an expert's, a resumed history) is parsed with the env's parser and given ids
+``call_<turn>_<k>``; each tool result goes back with the id of the call it answers, in order.
+
+Choices:
+1. A call whose name is not a string, or a ``tool_calls`` entry that is not an object, is a server that does not
+   speak the OpenAI form: `ServerError`. A call the env cannot run (an unknown tool, arguments that are not JSON
+   or that the env's action format cannot write) is the model's mistake: it is written in the Hermes form, which
+   the env's parser then rejects with an error observation, as it would the same mistake in text.
+2. Text before the calls (``content`` beside ``tool_calls``) stays in front of them in the action.
+3. A tool result without a call to answer (after an assistant turn that made none: the env answered a malformed
+   turn) goes as a user message, which every server accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trace_gym.actions import ActionParser, HermesParser
+from trace_gym.errors import ConfigError, ServerError
+from trace_gym.tools import Tool, ToolCall
+
+__all__ = ["ToolFormat"]
+
+_MEMORY = 65_536  # assistant turns remembered per format (server message and ids, for the next requests)
+
+
+def _never(**kwargs: Any) -> str:
+    raise RuntimeError("a tool of a ToolFormat is never called: the env runs its tools")
+
+
+@dataclass
+class ToolFormat:
+    """The tools an env declares and the parser that writes its actions (`of_env` reads both from an env)."""
+
+    tools: tuple[Tool, ...]
+    parser: ActionParser
+
+    def __post_init__(self) -> None:
+        self.tools = tuple(dataclasses.replace(t, fn=_never) for t in self.tools)  # keep no reference to the env
+        self._by_name = {t.name: t for t in self.tools}
+        self._sent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of_env(cls, env: Any) -> ToolFormat | None:
+        """The format of ``env`` (any wrapper of a `ToolEnv`); None when it declares no tools."""
+        base = getattr(env, "unwrapped", env)
+        tool_map, parser = getattr(base, "tool_map", None), getattr(base, "parser", None)
+        if not tool_map or parser is None or not callable(getattr(parser, "format", None)):
+            return None
+        return cls(tuple(tool_map.values()), parser)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The ``tools`` field of a request: each tool's OpenAI function schema."""
+        return [t.schema() for t in self.tools]
+
+    # ----------------------------------------------------------------- answer -> action
+    def action(self, message: Mapping[str, Any], where: str = "the response") -> str | None:
+        """The env's action text for an assistant ``message`` with ``tool_calls`` (None when it has none, so that
+        its ``content`` is the action); remembered, so that the next request sends the message back as it was."""
+        calls = message.get("tool_calls")
+        if not calls:
+            return None
+        if not isinstance(calls, list):
+            raise ServerError(f"expected message.tool_calls to be a list in {where}, got {type(calls).__name__}; "
+                              "fix: check that the server speaks the OpenAI chat-completions form")
+        parsed = [_wire_call(c, k, where) for k, c in enumerate(calls)]
+        texts = [self._write(name, raw) for _, name, raw in parsed]
+        content = message.get("content")
+        prefix = content if isinstance(content, str) and content.strip() else ""
+        action = prefix + ("" if not prefix or prefix.endswith("\n") else "\n") + "\n".join(texts)
+        wire = {"role": "assistant", "content": prefix or None,
+                "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": raw}}
+                               for cid, name, raw in parsed]}
+        with self._lock:
+            self._sent[action] = wire
+            self._sent.move_to_end(action)
+            while len(self._sent) > _MEMORY:
+                self._sent.popitem(last=False)
+        return action
+
+    def _write(self, name: str, raw: str) -> str:
+        """One call as the env's parser writes it; the Hermes form when it cannot (choice 1)."""
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+        except (json.JSONDecodeError, RecursionError):
+            args = None
+        if isinstance(args, dict):
+            call = ToolCall(name, args)
+            try:
+                return self.parser.format(call)
+            except ConfigError:
+                return HermesParser().format(call)
+        body = json.dumps({"name": name, "arguments": raw}, ensure_ascii=False)
+        for marker in ("<tool_call>", "</tool_call>", "<answer>", "</answer>"):
+            body = body.replace(marker, "\\u003c" + marker[1:])  # the same "<" inside a JSON string
+        return f"<tool_call>{body}</tool_call>"
+
+    # ----------------------------------------------------------------- history -> request
+    def wire_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The env's chat ``messages`` in the OpenAI form: assistant turns with their ``tool_calls``, each tool
+        result with the ``tool_call_id`` of the call it answers (module docstring)."""
+        out: list[dict[str, Any]] = []
+        pending: list[str] = []
+        turn = 0
+        for m in messages:
+            role, content = m.get("role"), m.get("content")
+            if role == "assistant":
+                wire = self._assistant(str(content or ""), turn)
+                turn += 1
+                pending = [c["id"] for c in wire.get("tool_calls") or []]
+                out.append(wire)
+            elif role == "tool" and pending:
+                out.append({"role": "tool", "tool_call_id": pending.pop(0), "content": str(content or "")})
+            elif role == "tool":
+                out.append({"role": "user", "content": str(content or "")})
+            else:
+                pending = []
+                out.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
+        return out
+
+    def _assistant(self, text: str, turn: int) -> dict[str, Any]:
+        with self._lock:
+            sent = self._sent.get(text)
+        if sent is not None:
+            return json.loads(json.dumps(sent))  # a copy: the request may be changed by the caller
+        parsed = self.parser.parse(text, self._by_name)
+        if parsed.error is not None or not parsed.calls:
+            return {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{turn}_{k}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for k, c in enumerate(parsed.calls)]}
+
+
+def _wire_call(call: Any, k: int, where: str) -> tuple[str, str, str]:
+    """(id, name, arguments text) of one ``tool_calls`` entry; `ServerError` when it is not in the OpenAI form."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise ServerError(f"expected tool_calls[{k}] to be {{'id', 'type': 'function', 'function': {{'name', "
+                          f"'arguments'}}}} in {where}, got {json.dumps(call)[:200]}; fix: check that the server "
+                          "speaks the OpenAI chat-completions form")
+    raw = fn.get("arguments", "")
+    if not isinstance(raw, str):  # some servers send the arguments as an object
+        raw = json.dumps(raw, ensure_ascii=False)
+    cid = call.get("id")
+    return (cid if isinstance(cid, str) and cid else f"call_{k}"), name, raw
