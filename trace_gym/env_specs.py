@@ -21,6 +21,8 @@ import inspect
 import os
 import re
 import sys
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -54,8 +56,10 @@ def env_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactor
 
 
 def make_env(spec: str, **kwargs: Any) -> gym.Env:
-    """``gym.make`` for every form of spec, with a clear error for a keyword argument the env does not take."""
+    """``gym.make`` for every form of spec, with a clear error for a keyword argument the env does not take or a
+    value of the wrong type (checked against the constructor's annotations: numbers, strings, flags, choices)."""
     env_spec = resolve_env_spec(spec)
+    check_keyword_types(spec, _creator(env_spec), kwargs)
     try:
         return gym.make(env_spec, **kwargs)
     except TypeError as exc:
@@ -151,6 +155,63 @@ def _accepted_keywords(creator: Callable[..., Any] | None) -> set[str] | None:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             return names
     return None
+
+
+_SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def check_keyword_types(spec: str, creator: Callable[..., Any] | None, kwargs: Mapping[str, Any]) -> None:
+    """``ConfigError`` for a keyword whose value cannot be what ``creator`` annotates (int, float, str, bool, a
+    Literal, or one of those or None); other annotations are the env's to check."""
+    if creator is None:
+        return
+    functions = [c.__dict__["__init__"] for c in creator.__mro__ if "__init__" in c.__dict__] \
+        if isinstance(creator, type) else [creator]
+    seen: set[str] = set()
+    for fn in functions:
+        try:
+            params = inspect.signature(fn).parameters
+            hints = typing.get_type_hints(fn)
+        except Exception:  # an annotation that does not evaluate: leave the values to the env
+            continue
+        for name, value in kwargs.items():
+            if name in seen or name not in params or name not in hints:
+                continue
+            seen.add(name)
+            allowed = _allowed(hints[name])
+            if allowed is None or any(_fits(value, a) for a in allowed):
+                continue
+            default = params[name].default
+            example = f" (its default is {default!r})" if default is not inspect.Parameter.empty else ""
+            want = " or ".join(_SIMPLE.get(a, repr(a)) if not isinstance(a, tuple) else
+                               "one of " + ", ".join(map(repr, a)) for a in allowed)
+            raise ConfigError(f"expected {name} of {spec} to be {want}, got {value!r}; fix: pass {name}=<"
+                              f"{want}>{example}")
+
+
+def _allowed(hint: Any) -> list[Any] | None:
+    """The simple types (and Literal choices, as a tuple) a hint allows; None when it allows anything else."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_allowed(a) for a in typing.get_args(hint)]
+        return None if any(p is None for p in parts) else [a for p in parts for a in p]  # type: ignore[union-attr]
+    if origin is typing.Literal:
+        return [tuple(typing.get_args(hint))]
+    if hint is type(None):
+        return [None]
+    return [hint] if hint in _SIMPLE else None
+
+
+def _fits(value: Any, allowed: Any) -> bool:
+    if isinstance(allowed, tuple):
+        return value in allowed
+    if allowed is None:
+        return value is None
+    if allowed is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if allowed is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, allowed)
 
 
 def _unexpected_keyword(exc: TypeError, kwargs: Mapping[str, Any], env_spec: EnvSpec) -> str | None:

@@ -243,6 +243,11 @@ class ArithmeticEnv(MathEnv):
     def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | Mapping[str, Any] | None = None,
                  n_tasks: int = 2000, task_seed: int = 0, max_turns: int = 4, word_fraction: float | None = None,
                  action_format: Literal["tags", "hermes"] = "tags", **kwargs: Any):
+        ignored = sorted(set(kwargs) & {"dataset", "data_path", "from_hub", "fields"})
+        if ignored:  # MathEnv's data settings: Arithmetic generates its tasks, it would drop them silently
+            raise ConfigError(f"expected no {', '.join(ignored)} for trace/Arithmetic-v0 (it generates its tasks), "
+                              f"got {', '.join(f'{k}={kwargs[k]!r}' for k in ignored)}; fix: set n_tasks, task_seed, "
+                              "difficulty or config, or use trace/Math-v0 for a data file")
         super().__init__(dataset="math500", max_turns=max_turns, action_format=action_format, **kwargs)
         if difficulty is not None and config is not None:
             raise ConfigError("expected difficulty or config, got both; pass one")

@@ -140,3 +140,26 @@ def test_a_factory_pickles_and_makes_the_env_after_unpickling(user_module):
     name, _ = user_module
     factory = pickle.loads(pickle.dumps(env_factory(f"{name}:EchoEnv", {"words": ["eps"]})))
     assert isinstance(factory, EnvFactory) and [t.id for t in factory().unwrapped.tasks] == ["eps"]
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"max_turns": "four"}, "expected max_turns of trace/Arithmetic-v0 to be an integer, got 'four'"),
+    ({"word_fraction": "half"}, "to be a number or None, got 'half'"),
+    ({"action_format": "json"}, "to be one of 'tags', 'hermes', got 'json'"),
+])
+def test_a_value_of_the_wrong_type_is_refused_before_the_env_is_built(kwargs, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
+        make_env("trace/Arithmetic-v0", **kwargs)
+
+
+def test_values_of_the_annotated_types_pass(user_module):
+    env = make_env("trace/Arithmetic-v0", n_tasks=3, max_turns=2, word_fraction=1, action_format="hermes")
+    try:
+        assert env.unwrapped.max_turns == 2 and env.unwrapped.config.word_fraction == 1
+    finally:
+        env.close()
+
+
+def test_data_settings_that_arithmetic_would_drop_are_refused():
+    with pytest.raises(ConfigError, match="expected no data_path for trace/Arithmetic-v0"):
+        make_env("trace/Arithmetic-v0", data_path="/nope.jsonl")

@@ -26,7 +26,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     """Add the options of `command` ("train" or "eval") to `parser`."""
     if command not in ("train", "eval"):
         raise ConfigError(f"expected command 'train' or 'eval', got {command!r}")
-    parser.add_argument("--config", help="YAML config (configs/*.yaml); with --resume, defaults to the run's own")
+    parser.add_argument("--config", help="YAML config (configs/*.yaml); with --resume, defaults to the run's own"
+                        if command == "train" else "YAML config (configs/*.yaml) whose model to evaluate; with "
+                        "--checkpoint, defaults to the run's own")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides parsed as YAML, e.g. optim.lr=1e-4 alloc.allocator=grpo")
     if command == "train":

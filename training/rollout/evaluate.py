@@ -50,12 +50,14 @@ from trace_gym.tree import Node, RolloutTree
 
 @dataclass(frozen=True)
 class TaskOutcome:
-    """One prompt's samples: reward, turns and the env's stop reason of each."""
+    """One prompt's samples: reward, turns, the env's stop reason and the answer text of each."""
 
     task_id: str
     rewards: tuple[float, ...]
     turns: tuple[int, ...]
     stop_reasons: tuple[str, ...]
+    answers: tuple[str, ...] = ()
+    """What each sample said last: the answer the env read, else the last turn's text (capped at 2,000 chars)."""
 
     @property
     def success(self) -> float:
@@ -68,9 +70,9 @@ class TaskOutcome:
         return len({r > 0 for r in self.rewards}) == 2
 
     def row(self) -> dict[str, Any]:
-        """The JSONL row of this prompt: task id, success, and each sample's reward, turns and stop reason."""
+        """The JSONL row of this prompt: task id, success, and each sample's reward, turns, stop reason and answer."""
         return {"task_id": self.task_id, "success": self.success, "rewards": list(self.rewards),
-                "turns": list(self.turns), "stop_reasons": list(self.stop_reasons)}
+                "turns": list(self.turns), "stop_reasons": list(self.stop_reasons), "answers": list(self.answers)}
 
 
 @dataclass
@@ -142,7 +144,13 @@ def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference
 def _outcome(tree: RolloutTree) -> TaskOutcome:
     leaves = tree.leaves()
     return TaskOutcome(tree.task_id, tuple(float(n.reward) for n in leaves), tuple(n.depth for n in leaves),
-                       tuple(_stop_reason(n) for n in leaves))
+                       tuple(_stop_reason(n) for n in leaves), tuple(_answer(n) for n in leaves))
+
+
+def _answer(leaf: Node, limit: int = 2000) -> str:
+    answer = leaf.info.get("answer")
+    text = str(answer) if answer is not None else (leaf.action or "")
+    return text if len(text) <= limit else text[:limit] + f"[... {len(text) - limit} more characters]"
 
 
 def _stop_reason(leaf: Node) -> str:

@@ -238,9 +238,31 @@ def test_output_to_a_pipe_has_no_progress_bar():
     (["--policy", "openai:m", "--model", "other", "--base-url", "http://127.0.0.1:9/v1"], "one model name"),
     (["--policy", "expert", "--checkpoint", "runs/x"], "got both (--checkpoint)"),
     (["--policy", "expert", "eval.tasks=3"], "--env-arg KEY=VALUE"),
+    (["--policy", "expert", "--env-arg", "max_turns=four"], "expected max_turns of trace/Arithmetic-v0 to be an "
+                                                            "integer, got 'four'"),
+    (["--policy", "expert", "--env-arg", "max_turns=true"], "to be an integer, got True"),
+    (["--policy", "expert", "--env-arg", "action_format=json"], "one of 'tags', 'hermes'"),
+    (["--policy", "expert", "--env-arg", "data_path=/nope.jsonl"], "expected no data_path for trace/Arithmetic-v0"),
 ])
 def test_a_bad_flag_or_spec_is_one_line(capsys, argv, expected):
     assert expected in user_error(capsys, ["eval", *ARITH, *argv])
+
+
+def test_eval_help_names_only_options_that_eval_has(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = capsys.readouterr().out
+    assert "--resume" not in text and "--checkpoint" in text and "--tool-calls" in text
+
+
+def test_eval_rows_carry_each_samples_answer_and_stop_reason(capsys, tmp_path):
+    run_json(capsys, ["eval", *ARITH, "--env-arg", "max_turns=1", "--policy", "expert:0.5", "--samples", "2",
+                      "--out", str(tmp_path / "rows.jsonl")])
+    rows = rows_of(tmp_path / "rows.jsonl")
+    assert all(len(r["answers"]) == len(r["stop_reasons"]) == 2 for r in rows)
+    # one turn: the expert's first turn is its tool call, so every episode stops at the turn limit with that text
+    assert {a for r in rows for a in r["answers"]} and all(a.startswith("<python>") for r in rows for a in r["answers"])
+    assert {s for r in rows for s in r["stop_reasons"]} == {"max_turns"}
 
 
 def test_an_unknown_env_is_one_line_naming_the_nearest(capsys):
