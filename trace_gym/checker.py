@@ -5,8 +5,11 @@ into a fresh instance; snapshots are immutable; no process outlives ``close``).
 The actions it plays need nothing from the env author: for a ``ToolEnv`` it writes valid calls of every declared
 tool from the tool's JSON schema (string arguments drawn from the words of the episode so far, so that names of
 items, files or entities the task mentions come up), formatted by the env's own parser; it adds the env's
-``example_actions()`` when there are any, and random strings for the error paths. Outcomes compare the
-observation, reward, flags, messages and every other ``info`` key.
+``example_actions()`` when there are any, and random strings for the error paths. When the env has a scripted
+expert (``env.expert(noise, seed)``), half of the turns are the expert's: its calls carry the arguments that
+reach state a generated argument rarely hits (the right key, the code that unlocks). Outcomes compare the
+observation, reward, flags, messages and every other ``info`` key; a mismatch names the first differing field
+(``messages[3]['content']``) with both values trimmed around the first difference.
 """
 
 from __future__ import annotations
@@ -142,6 +145,29 @@ def schema_calls(env: TextEnv, rng: np.random.Generator, n: int) -> list[str]:
     return out
 
 
+def expert_of(env: TextEnv, seed: int) -> Any:
+    """The env's scripted expert (noise 0) when it has one, else None."""
+    make = getattr(env, "expert", None)
+    if not callable(make):
+        return None
+    try:
+        return make(noise=0.0, seed=seed)
+    except NotImplementedError:
+        return None
+
+
+def next_action(env: TextEnv, rng: np.random.Generator, expert: Any, allow_answer: bool = True) -> str:
+    """One turn: the expert's next action half of the time (when there is an expert, and when it is not a final
+    answer unless ``allow_answer``), else one of `_script`'s."""
+    if expert is not None and env.task is not None and rng.random() < 0.5:
+        action = expert.act(env.task, list(env.messages))
+        parser = getattr(env, "parser", None)
+        is_answer = parser is not None and parser.parse(action, getattr(env, "tool_map", {})).answer is not None
+        if allow_answer or not is_answer:
+            return action
+    return _script(env, rng, 1)[0]
+
+
 def _script(env: TextEnv, rng: np.random.Generator, n: int) -> list[str]:
     """Schema-valid tool calls, the env's example actions and random strings, so that tool state and error
     paths are both exercised."""
@@ -202,12 +228,13 @@ def _check_script(base: TextEnv, other: TextEnv, rng: np.random.Generator, seed:
     # get wrong; failing that, one that leaves it running. Envs holding containers (a stock, a file table) get
     # more tries: the strings that hit their keys are drawn by chance.
     running, patience = None, 20 if _holds_containers(base) else 1
+    expert = expert_of(base, seed)
     for attempt in range(20):
         base.reset(seed=seed)
         start = _public_state(base)
         played = 0
         for _turn in range(depth):  # one action at a time: calls draw their strings from what came back so far
-            played += len(play_outcomes(base, _script(base, rng, 1)))
+            played += len(play_outcomes(base, [next_action(base, rng, expert, allow_answer=False)]))
         if played == depth and not base.done:
             running = base.snapshot("replay")
             if _public_state(base) != start or attempt >= patience - 1:
@@ -220,8 +247,13 @@ def _check_script(base: TextEnv, other: TextEnv, rng: np.random.Generator, seed:
     except SnapshotError as e:
         raise ConformanceError(f"native snapshot after {depth} turns: {e}") from e
     replay = base.snapshot("replay")
-    future = _script(base, rng, depth + 2)
-    reference = play_outcomes(base, future, ignore)
+    future: list[str] = []
+    reference: list[Outcome] = []
+    for _turn in range(depth + 2):  # chosen as they go (the expert reads each observation), then replayed as is
+        if base.done:
+            break
+        future.append(next_action(base, rng, expert))
+        reference += play_outcomes(base, future[-1:], ignore)
     for i in range(branches):
         base.restore(native)
         _expect_same(reference, play_outcomes(base, future, ignore), f"native restore #{i + 1}")
@@ -253,7 +285,41 @@ def _expect_same(reference: list[Outcome], got: list[Outcome], what: str) -> Non
         if want != have:
             names = ("observation", "reward", "terminated", "truncated", "messages", "info")
             field = next(n for n, a, b in zip(names, want, have) if a != b)
-            raise ConformanceError(f"{what}: step {step} differs in {field}: expected {want[names.index(field)]!r}"
-                                   f", got {have[names.index(field)]!r}")
+            i = names.index(field)
+            where, a, b = first_difference(want[i], have[i], field)
+            raise ConformanceError(f"{what}: step {step} differs at {where}: expected {a}, got {b}")
     if len(reference) != len(got):
         raise ConformanceError(f"{what}: expected {len(reference)} steps before the episode ended, got {len(got)}")
+
+
+def first_difference(want: Any, have: Any, where: str, width: int = 60) -> tuple[str, str, str]:
+    """(path, want, have) at the first place two values differ: ``messages[3]['content']`` and the two values'
+    reprs, each at most about ``2 * width`` characters (strings are cut around their first differing
+    character)."""
+    if isinstance(want, Mapping) and isinstance(have, Mapping):
+        for key in [*want, *(k for k in have if k not in want)]:
+            if key not in want or key not in have:
+                return (f"{where}[{key!r}]", _short(want.get(key, "<missing>"), width),
+                        _short(have.get(key, "<missing>"), width))
+            if want[key] != have[key]:
+                return first_difference(want[key], have[key], f"{where}[{key!r}]", width)
+    if isinstance(want, list | tuple) and isinstance(have, list | tuple):
+        for k, (a, b) in enumerate(zip(want, have)):
+            if a != b:
+                return first_difference(a, b, f"{where}[{k}]", width)
+        if len(want) != len(have):
+            return f"len({where})", str(len(want)), str(len(have))
+    if isinstance(want, str) and isinstance(have, str):
+        at = next((k for k, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+        start = max(at - width // 2, 0)
+        return f"{where} (character {at})", _window(want, start, width), _window(have, start, width)
+    return where, _short(want, width), _short(have, width)
+
+
+def _window(text: str, start: int, width: int) -> str:
+    return ("..." if start else "") + repr(text[start:start + width]) + ("..." if len(text) > start + width else "")
+
+
+def _short(value: Any, width: int) -> str:
+    text = repr(value)
+    return text if len(text) <= 2 * width else text[:2 * width] + f"... ({len(text)} characters)"

@@ -48,3 +48,37 @@ def test_schema_calls_draw_strings_from_the_episode() -> None:
     env.reset(seed=0)
     calls = schema_calls(env, np.random.default_rng(0), 40)
     assert any('"item": "widget"' in c for c in calls)
+
+
+def test_the_checker_plays_the_expert_and_finds_state_behind_a_valid_argument() -> None:
+    from tests.trace_gym.toy_envs import VaultEnv
+    from trace_gym.checker import ConformanceError, check_trace_env
+
+    check_trace_env(VaultEnv, skip_gym_check=True)  # the sound vault passes
+    with pytest.raises(ConformanceError, match="native restore") as caught:
+        check_trace_env(lambda: VaultEnv(leaky=True), skip_gym_check=True)
+    assert len(str(caught.value)) < 400 and "the vault" in str(caught.value)
+
+
+def test_without_its_expert_the_leaky_vault_goes_unnoticed() -> None:
+    """What the expert adds: generated codes never open the vault, so the leak never shows."""
+    from tests.trace_gym.toy_envs import VaultEnv
+    from trace_gym.checker import check_trace_env
+
+    class NoExpert(VaultEnv):
+        expert = None  # type: ignore[assignment]
+
+    check_trace_env(lambda: NoExpert(leaky=True), skip_gym_check=True)
+
+
+def test_a_mismatch_names_the_first_differing_field_and_trims_both_values() -> None:
+    from trace_gym.checker import first_difference
+
+    long = "x" * 3000
+    want = [{"role": "user", "content": long + "abc" + long}, {"role": "tool", "content": "1"}]
+    have = [{"role": "user", "content": long + "abd" + long}, {"role": "tool", "content": "1"}]
+    where, a, b = first_difference(want, have, "messages")
+    assert where == "messages[0]['content'] (character 3002)"
+    assert "abc" in a and "abd" in b and len(a) < 80 and len(b) < 80
+    assert first_difference({"k": 1}, {"k": 1, "z": 2}, "info")[0] == "info['z']"
+    assert first_difference([1, 2], [1, 2, 3], "messages") == ("len(messages)", "2", "3")

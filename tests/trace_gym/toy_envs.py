@@ -113,3 +113,66 @@ class ObjectInventoryEnv(InventoryEnv):
     def count(self, item: str) -> str:
         """How many of an item are in stock."""
         return str(self.store.widget)
+
+
+class VaultEnv(ToolEnv):
+    """State behind one valid argument: ``unlock(code)`` opens the vault only with the task's code, which the task
+    text never shows (the expert knows it). A sound env declares ``opened``; ``leaky=True`` keeps it in a private
+    attribute that native snapshots do not copy, a bug that only an episode that unlocks the vault can show."""
+
+    episode_fields = ("opened",)
+
+    def __init__(self, leaky: bool = False, **kwargs: Any):
+        tasks = [Task(id=f"vault-{i}", prompt="Open the vault, then answer with what is inside.",
+                      answer=f"gold-{i}", meta={"code": f"k{7919 * (i + 3) % 10007:05d}"}) for i in range(3)]
+        super().__init__(tasks=tasks, max_turns=8, **kwargs)
+        self.leaky = leaky
+        self.opened = False
+        self._opened = False
+
+    def tools(self) -> list[Tool]:
+        def unlock(code: str) -> str:
+            """Try a code on the vault.
+
+            code: the vault's code
+            """
+            assert self.task is not None
+            if code != self.task.meta["code"]:
+                return "wrong code"
+            if self.leaky:
+                self._opened = True
+            else:
+                self.opened = True
+            return "the vault opens"
+
+        def look() -> str:
+            """Look inside the vault."""
+            assert self.task is not None
+            return self.task.answer if (self._opened if self.leaky else self.opened) else "the vault is closed"
+
+        return [Tool.from_function(unlock), Tool.from_function(look)]
+
+    def begin(self, task: Task) -> str:
+        self.opened = self._opened = False
+        return super().begin(task)
+
+    def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
+        return float(answer.strip() == task.answer), {}
+
+    def expert(self, noise: float = 0.0, seed: int = 0) -> VaultExpert:
+        return VaultExpert(self.parser)
+
+
+class VaultExpert:
+    def __init__(self, parser: Any):
+        self.parser = parser
+
+    def act(self, task: Task, messages: Any) -> str:
+        from trace_gym.tools import ToolCall
+
+        said = [m.get("content", "") for m in messages if m.get("role") == "tool"]
+        if "the vault opens" not in said:
+            return self.parser.format(ToolCall("unlock", {"code": task.meta["code"]}))
+        if not any(s.startswith("gold") for s in said):
+            return self.parser.format(ToolCall("look", {}))
+        return self.parser.format_answer(next(s for s in said if s.startswith("gold")))

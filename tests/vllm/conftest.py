@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -50,18 +52,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(nano_dir, tmp_path_factory):
+@contextlib.contextmanager
+def serve(model_dir: Path, log: Path, names: tuple[str, ...] = ("nano", "tiny"), max_model_len: int = 1024):
+    """``vllm serve`` of ``model_dir`` with the Hermes tool-call parser; yields its base URL (ending in /v1)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log, "w") as out:
         # The module entry point: the `vllm` CLI looks up the "vllm" distribution, which vllm-cpu is not named.
         proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                                 str(nano_dir), "--served-model-name", "nano", "tiny",
+                                 str(model_dir), "--served-model-name", *names,
                                  "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-                                 "--max-model-len", "1024", "--enforce-eager"], stdout=out, stderr=subprocess.STDOUT,
-                                env=env)
+                                 "--max-model-len", str(max_model_len), "--enforce-eager",
+                                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -82,3 +85,23 @@ def server(nano_dir, tmp_path_factory):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(nano_dir, tmp_path_factory):
+    with serve(nano_dir, tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def tool_dir(nano_dir, tmp_path_factory):
+    """The nano model fine-tuned to play tests/vllm/tool_model.py's tasks in the text and the tool-call form."""
+    from tests.vllm.tool_model import build_tool_model
+
+    return build_tool_model(nano_dir, tmp_path_factory.mktemp("nano-tools"))
+
+
+@pytest.fixture(scope="session")
+def tool_server(tool_dir, tmp_path_factory):
+    with serve(tool_dir, tmp_path_factory.mktemp("serve-tools") / "serve.log", ("tools",), 2048) as url:
+        yield url

@@ -40,7 +40,7 @@ def test_eval_scores_the_served_model_as_the_python_api_does(server, tmp_path):
     assert all(n.action for t in trees for n in t.nodes[1:])  # the server's turns, played in the env
 
     make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 4, "max_turns": 3})
-    policy = policy_from_spec("openai:tiny", PolicyOptions(base_url=server))
+    policy = policy_from_spec("openai:tiny", PolicyOptions(base_url=server), make_env)
     api = evaluate_policy(policy, make_env, 3, sampling=SamplingParams(temperature=0, max_new_tokens=8),
                           keep_trees=True)
     assert rows == [t.row() for t in api.tasks]  # greedy: the same episodes, turn for turn
