@@ -24,6 +24,7 @@ import torch
 from trace_gym.agents.chat import Conversation, tokenize_episode
 from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.errors import ConfigError
+from trace_gym.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
     model.train()
     losses: list[float] = []
     log: list[dict[str, Any]] = []
-    with _progress(progress, config.steps) as advance:
+    with Progress("sft", total=config.steps, unit="step", enabled=progress) as bar:
         for step in range(config.steps):
             idx = torch.randint(len(seqs), (config.batch_size,), generator=gen).tolist()
             ids, mask, att = _batch([seqs[i] for i in idx], tokenizer.pad_token_id)
@@ -137,7 +138,7 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
                 on_step(step, losses[-1], model)
             if step % config.log_every == 0 or step == config.steps - 1:
                 log.append({"step": step, "loss": losses[-1], "lr": sched.get_last_lr()[0]})
-            advance(losses[-1])
+            bar.update(advance=1, loss=losses[-1])
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -156,25 +157,3 @@ def _lr_factor(step: int, config: SFTSettings) -> float:
     decay_start = config.steps * (1 - config.decay_fraction)
     frac = (step - decay_start) / max(1.0, config.steps - decay_start)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(frac, 0.0), 1.0)))
-
-
-class _progress:
-    """A rich progress bar with the running loss, or nothing."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total = enabled, total
-
-    def __enter__(self) -> Callable[[float], None]:
-        if not self.enabled:
-            return lambda loss: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("sft"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn())
-        self.bar.start()
-        task = self.bar.add_task("sft", total=self.total, loss=float("nan"))
-        return lambda loss: self.bar.update(task, advance=1, loss=loss)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.bar.stop()

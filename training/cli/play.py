@@ -11,10 +11,10 @@ and writes the trees. ``--policy`` is any spec of `trace_gym.agents.specs` (``ex
 (training/cli/train.py) evaluates a run's model and reports through the same `report`.
 
 The report: a summary table with the success and its 95% interval over tasks (or the summary as JSON with
-``--json``), a progress bar while it plays (only on a terminal, never with ``--json``), and files under
-``--out``: a ``.jsonl`` file receives the command's main output (eval: per-task rows; rollout: trees); a folder
-receives ``rows.jsonl``, ``summary.json`` and ``trees.jsonl`` (eval: with ``--trees``), which
-``trace-gym view`` renders.
+``--json``), progress while it plays (a bar on a terminal, plain lines on stderr otherwise; never with
+``--json``), and files under ``--out``: a ``.jsonl`` file receives the command's main output (eval: per-task
+rows; rollout: trees); a folder receives ``rows.jsonl``, ``summary.json`` and ``trees.jsonl`` (eval: with
+``--trees``), which ``trace-gym view`` renders.
 """
 
 from __future__ import annotations
@@ -303,17 +303,15 @@ def run(command: str, args: argparse.Namespace, console: Console | None = None) 
 
 @contextmanager
 def progress_bar(console: Console, enabled: bool, label: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A rich bar over episodes, fed by ``progress(done, total)``; None (no bar) when not ``enabled`` or when
-    the console is not a terminal (a log file or a pipe gets the summary only)."""
-    if not (enabled and console.is_terminal):
+    """Progress over episodes, fed by ``progress(done, total)`` (`trace_gym.progress.Progress`: a rich bar on a
+    terminal, plain lines on stderr in a log or a pipe); None when not ``enabled``."""
+    if not enabled:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from trace_gym.progress import Progress
 
-    with Progress(TextColumn(f"{label} episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task(label, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+    with Progress(f"{label} episodes", unit="episode", console=console, transient=True) as bar:
+        yield lambda done, total: bar.update(done=done, total=total)
 
 
 def write_outputs(result: EvalResult, out: Path, command: str, summary: dict[str, Any]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""What a run reports while it goes: stage timers, the progress bar, and the plots at its end."""
+"""What a run reports while it goes: stage timers, the step progress, and the plots at its end."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from trace_gym.progress import Progress
 
 
 class StageTimer:
@@ -34,35 +36,25 @@ class StageTimer:
 
 
 class StepProgress:
-    """A rich progress bar over steps showing a few headline metrics, or nothing when not ``enabled``."""
+    """Progress over training steps (`trace_gym.progress.Progress`: a bar on a terminal, plain lines in a log)
+    showing a few headline metrics, or nothing when not ``enabled``."""
 
     KEYS = (("rollout/success", "succ"), ("alloc/effective_ratio", "eff"), ("eval/success", "eval"))
 
     def __init__(self, enabled: bool, total: int, done: int, console: Any):
-        self.enabled, self.total, self.done, self.console = enabled, total, done, console
-        self.shown: dict[str, float] = {}
+        self.progress = Progress("train", total=total, done=done, unit="step", console=console, enabled=enabled)
 
     def __enter__(self) -> Callable[[Mapping[str, Any]], None]:
-        if not self.enabled:
-            return lambda metrics: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                            TimeRemainingColumn(), console=self.console)
-        self.bar.start()
-        self.task = self.bar.add_task("train", total=self.total, completed=self.done, info="")
+        self.progress.__enter__()
         return self._advance
 
     def _advance(self, metrics: Mapping[str, Any]) -> None:
-        for key, short in self.KEYS:
-            if key in metrics and isinstance(metrics[key], float) and not math.isnan(metrics[key]):
-                self.shown[short] = metrics[key]
-        info = "  ".join(f"{k} {v:.3f}" for k, v in self.shown.items())
-        self.bar.update(self.task, advance=1, info=info)
+        shown = {short: metrics[key] for key, short in self.KEYS
+                 if isinstance(metrics.get(key), float) and not math.isnan(metrics[key])}
+        self.progress.update(advance=1, **shown)
 
     def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.bar.stop()
+        self.progress.__exit__(*exc)
 
 
 def plot_at_end(run_dir: Path, console: Any = None) -> list[Path]:

@@ -214,11 +214,13 @@ def test_json_output_on_a_terminal_has_no_progress_bar():
     assert json.loads(out)["episodes"] == 6
 
 
-def test_output_to_a_pipe_has_no_progress_bar():
+def test_output_to_a_pipe_gets_plain_progress_lines_on_stderr():
     result = subprocess.run([sys.executable, "-m", "trace_gym.training.cli.main", "eval", *ARITH, "--policy", "expert"],
                             capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert result.returncode == 0 and "eval episodes" not in result.stdout + result.stderr
-    assert "\x1b[" not in result.stdout and "95% interval" in result.stdout
+    assert result.returncode == 0 and "eval episodes 6/6 100% | " in result.stderr
+    assert "episode/s" in result.stderr and "elapsed" in result.stderr
+    assert "\x1b[" not in result.stdout + result.stderr and "95% interval" in result.stdout
+    assert "eval episodes" not in result.stdout  # the command's output stays the table
 
 
 # ----------------------------------------------------------------------------- mistakes, one line each

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,36 @@ def test_eval_of_a_run_prints_the_summary_table(finished_run, capsys, monkeypatc
     assert main(["eval", "--checkpoint", str(finished_run)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "trace-gym eval" in out and "95% interval" in out and str(finished_run) in out
+
+
+@pytest.mark.slow
+def test_a_redirected_train_prints_progress_lines_during_sft_and_training(tmp_path):
+    """`trace-gym train --config CFG > log 2>&1`, as a cluster job or nohup runs it: the log shows SFT and training
+    progress as they go (count, rate, elapsed, ETA), not only the final table."""
+    config = {
+        "run_dir": str(tmp_path / "rl"), "steps": 3,
+        "model": {"path": str(tmp_path / "init"), "init_size": "nano"},
+        "sft": {"enabled": True, "output": str(tmp_path / "sft"), "episodes": 8, "steps": 4, "batch_size": 4},
+        "env": {"id": "trace/Arithmetic-v0", "kwargs": {"n_tasks": 16, "word_fraction": 0.0},
+                "eval_kwargs": {"n_tasks": 4, "task_seed": 1}, "workers": 1},
+        "rollout": {"max_new_tokens": 8, "max_context": 512},
+        "alloc": {"allocator": "grpo", "roots": 4, "multiplier": 0, "pool_size": 4, "group_size": 2, "cap": 4},
+        "optim": {"lr": 1e-3, "mini_batch": 4, "micro_batch": 4},
+        "eval": {"every": 0, "tasks": 2, "samples": 1, "expert": False},
+        "checkpoint": {"every": 0},
+        "log": {"progress": True, "plots": False},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "log"
+    env = {**os.environ, "TRACE_GYM_PROGRESS_INTERVAL": "0"}
+    result = subprocess.run(f"{sys.executable} -m trace_gym.training.cli train --config {tmp_path / 'config.yaml'} "
+                            f"> {log} 2>&1", shell=True, cwd=ROOT, env=env, timeout=900)
+    text = log.read_text()
+    assert result.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+    sft = [line for line in lines if line.startswith("sft ")]
+    train = [line for line in lines if line.startswith("train ")]
+    assert [line.split(" | ")[0] for line in sft] == [f"sft {i}/4 {25 * i}%" for i in range(1, 5)]
+    assert [line.split(" | ")[0] for line in train] == ["train 1/3 33%", "train 2/3 67%", "train 3/3 100%"]
+    assert "eta " in sft[0] and "loss " in sft[0] and "step/s" in train[0] and "elapsed" in train[-1]
+    assert "\x1b[" not in text  # no terminal codes in a log
