@@ -1,0 +1,73 @@
+"""TRL's GRPOTrainer trains the tiny model on trace-gym envs through `TraceGymRollout` (its rollout_func): a few
+real optimizer steps on the CPU on a user's own env (named module:Class, as the env-spec resolver takes it), whose
+episodes are whole multi-turn env episodes with exact tokens; and the token record on the sandboxed Arithmetic
+env."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+
+from tests.training.parity_env import ENTRY_POINT
+from trace_gym.integrations.trl_rollout import TraceGymRollout
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from trace_gym.agents.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), size="tiny", seed=0)
+
+
+def test_grpo_trainer_takes_real_steps_on_env_episodes(tiny_dir, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    # The parity env rewards an even-length second turn: an untrained model gets both outcomes, so GRPO's
+    # advantages are not all zero.
+    rollout = TraceGymRollout(ENTRY_POINT, {"n_tasks": 8}, max_new_tokens=6, max_context=512, workers=1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    seen: list[int] = []
+
+    def traced(prompts, trainer):
+        seen.append(len(prompts))
+        return rollout(prompts, trainer)
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=2, per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=64, learning_rate=1e-3, temperature=1.0,
+                      logging_steps=1, save_strategy="no", report_to="none", seed=0, bf16=False)
+    trainer = GRPOTrainer(model=model, args=args, processing_class=tokenizer, train_dataset=rollout.dataset(),
+                          reward_funcs=rollout.reward, rollout_func=traced)
+    trainer.train()
+    assert trainer.state.global_step == 2 and seen == [8, 8]  # 2 prompts x 4 generations per step
+    assert rollout.last["turns"] == [2] * 8 and 0 < sum(rollout.last["rewards"]) < 8
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed  # the optimizer moved the weights
+    assert any(float(row["reward_std"]) > 0 for row in trainer.state.log_history if "reward_std" in row)
+
+
+def test_the_rollout_returns_exact_tokens_with_the_env_masked(tiny_dir):
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rollout = TraceGymRollout("trace/Arithmetic-v0", {"n_tasks": 3, "max_turns": 3}, max_new_tokens=16,
+                              max_context=512, workers=1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    trainer = SimpleNamespace(model=model, processing_class=AutoTokenizer.from_pretrained(tiny_dir),
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m), state=SimpleNamespace(
+                                  global_step=0), args=SimpleNamespace(temperature=1.0, top_p=1.0, seed=0))
+    prompts = [row["prompt"] for row in rollout.dataset()] * 2
+    out = rollout(prompts, trainer)
+    assert len(out["completion_ids"]) == 6 and out["env_reward"] == [0.0] * 6  # an untrained model
+    for ids, mask, logps in zip(out["completion_ids"], out["env_mask"], out["logprobs"]):
+        assert len(ids) == len(mask) == len(logps) and mask[0] == 1
+        assert all(lp <= 0 for lp, m in zip(logps, mask) if m) and all(lp == 0 for lp, m in zip(logps, mask) if not m)
+    multi = [m for m in out["env_mask"] if 0 in m]
+    assert multi and all(1 in m[m.index(0):] for m in multi)  # a turn after the env's answer

@@ -1,0 +1,146 @@
+"""trace-gym envs inside TRL's ``GRPOTrainer``, through its ``rollout_func``: each prompt of the batch is played
+as a whole multi-turn episode of the env (tool calls, tool results, the final answer) by the model being
+trained, with the exact tokens the trainer then scores.
+
+    rollout = TraceGymRollout("trace/Arithmetic-v0", {"n_tasks": 64}, max_new_tokens=48)
+    trainer = GRPOTrainer(model=..., args=GRPOConfig(...), train_dataset=rollout.dataset(),
+                          reward_funcs=rollout.reward, rollout_func=rollout)
+
+`dataset()` gives one row per task (its prompt: the env's system and user messages); the trainer's batch
+repeats each row ``num_generations`` times and hands the prompts to the rollout, which finds each prompt's task,
+plays one episode per copy through trace-gym's collector (`TreeCollector`, on `HFPolicy` over the trainer's
+model) and returns, per episode, ``prompt_ids`` (the rendered prompt), ``completion_ids`` (every turn's sampled
+ids followed by the ids of the env's answer, as the chat template renders it), ``env_mask`` (1 on sampled ids,
+0 on the env's), ``logprobs`` (the behaviour logprobs of the sampled ids, 0 on the env's) and ``env_reward``,
+which `reward` passes to the trainer. Torch and TRL are imported when a rollout runs, not with this module.
+
+Choices:
+1. Each call gets a fresh collector (the trainer's model changes between calls; the envs are rebuilt, which
+   the Arithmetic sandbox does in well under a second).
+2. The sampling temperature and top-p are the trainer's (``args.temperature``, ``args.top_p``); the tokens per
+   turn and the context are this adapter's, since a turn is not a completion.
+3. Sampling is seeded from the trainer's step and seed, so a rerun plays the same episodes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trace_gym.env_specs import env_factory
+from trace_gym.errors import ConfigError
+from trace_gym.tasks import Task
+
+__all__ = ["TraceGymRollout"]
+
+
+class TraceGymRollout:
+    """A ``rollout_func`` (and its dataset and reward) for ``GRPOTrainer`` over the env ``spec`` (module
+    docstring)."""
+
+    def __init__(self, spec: str, env_args: Mapping[str, Any] | None = None, max_new_tokens: int = 256,
+                 max_context: int = 4096, workers: int = 2):
+        self.spec, self.env_args = spec, dict(env_args or {})
+        self.make_env = env_factory(spec, self.env_args)
+        self.max_new_tokens, self.max_context, self.workers = max_new_tokens, max_context, workers
+        probe = self.make_env()
+        try:
+            base = probe.unwrapped
+            self.tasks: list[Task] = list(base.tasks)
+            self._prompts: dict[str, list[dict[str, Any]]] = {}
+            for task in self.tasks:
+                _, info = probe.reset(options={"task": task})
+                self._prompts[task.id] = [dict(m) for m in info["messages"]]
+        finally:
+            probe.close()
+        self._by_prompt = {_key(m): tid for tid, m in reversed(list(self._prompts.items()))}
+        self.last: dict[str, Any] = {}
+        """The last call's episodes per prompt (task id, rewards, turns), for logs and tests."""
+
+    def dataset(self, tasks: int | None = None) -> Any:
+        """A ``datasets.Dataset`` of the first ``tasks`` tasks (all by default): ``prompt`` (messages) and
+        ``task_id``."""
+        from datasets import Dataset
+
+        chosen = self.tasks[:tasks]
+        return Dataset.from_list([{"prompt": self._prompts[t.id], "task_id": t.id} for t in chosen])
+
+    def task_of(self, prompt: Sequence[Mapping[str, Any]] | str) -> Task:
+        """The task whose prompt is ``prompt`` (a row of `dataset`)."""
+        tid = self._by_prompt.get(_key(prompt))
+        if tid is None:
+            raise ConfigError(f"expected a prompt of {self.spec}'s dataset, got {str(prompt)[:120]!r}; fix: train on "
+                              "rollout.dataset() (its rows are the env's own prompts)")
+        return next(t for t in self.tasks if t.id == tid)
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
+        from trace_gym.agents.hf import HFPolicy
+        from trace_gym.agents.policy import SamplingParams, sample_seed
+        from trace_gym.training.rollout.collector import TreeCollector
+
+        tasks = [self.task_of(p) for p in prompts]
+        counts: dict[str, int] = defaultdict(int)
+        for task in tasks:
+            counts[task.id] += 1
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tokenizer = trainer.processing_class
+        args = trainer.args
+        policy = HFPolicy(model, tokenizer)
+        sampling = SamplingParams(temperature=float(args.temperature), top_p=float(args.top_p or 1.0),
+                                  max_new_tokens=self.max_new_tokens)
+        unique = {t.id: t for t in tasks}
+        collector = TreeCollector(policy, self.make_env, list(unique.values()), sampling, tokenizer, "replay",
+                                  self.workers, self.max_context)
+        seed = sample_seed(int(args.seed), int(trainer.state.global_step), 0) or 0
+        try:
+            collector.begin_step()
+            collector.bare_rollouts(dict(counts), seed)
+            leaves = {tid: list(tree.leaves()) for tid, tree in collector.trees.items()}
+            trees = dict(collector.trees)
+        finally:
+            collector.close()
+        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+                                     "env_reward": [], "env_turns": []}
+        for task in tasks:
+            leaf = leaves[task.id].pop(0)
+            tree = trees[task.id]
+            ids: list[int] = []
+            mask: list[int] = []
+            logps: list[float] = []
+            for node in tree.path(leaf.id)[1:]:
+                action = list(node.token_ids or [])
+                ids += action
+                mask += [1] * len(action)
+                logps += list(node.logprobs) if node.logprobs and len(node.logprobs) == len(action) else \
+                    [0.0] * len(action)
+                obs = list(node.meta.get("obs_ids", []))
+                ids += obs
+                mask += [0] * len(obs)
+                logps += [0.0] * len(obs)
+            out["prompt_ids"].append(list(tree.root.meta["prompt_ids"]))
+            out["completion_ids"].append(ids)
+            out["env_mask"].append(mask)
+            out["logprobs"].append(logps)
+            out["env_reward"].append(float(leaf.reward))
+            out["env_turns"].append(int(leaf.depth))
+        self.last = {"task_ids": [t.id for t in tasks], "rewards": list(out["env_reward"]),
+                     "turns": list(out["env_turns"])}
+        return out
+
+    @staticmethod
+    def reward(prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
+               env_reward: Sequence[float] | None = None, **kwargs: Any) -> list[float]:
+        """The reward function to give ``GRPOTrainer``: each episode's env reward, as the rollout recorded it."""
+        if env_reward is None:
+            raise ConfigError("expected env_reward from the rollout, got none; fix: pass this object as the "
+                              "trainer's rollout_func too")
+        return [float(r) for r in env_reward]
+
+
+def _key(prompt: Sequence[Mapping[str, Any]] | str) -> str:
+    """A prompt's identity: its first user message (the task), whatever else the trainer adds."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [str(m.get("content", "")) for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+    return users[0] if users else ""
