@@ -32,9 +32,13 @@ def chat(text: str = "<answer>4</answer>") -> Reply:
 def message_reply(message: dict[str, Any], finish_reason: str = "stop",
                   token_ids: tuple[int, ...] | None = None) -> Reply:
     """A /chat/completions answer holding ``message``; with ``token_ids``, vLLM's token-id logprob strings."""
-    content = [{"token": f"token_id:{t}", "logprob": -0.25} for t in token_ids] if token_ids else \
-        [{"token": "x", "logprob": -0.1}]
-    body = {"choices": [{"message": message, "finish_reason": finish_reason, "logprobs": {"content": content}}]}
+    content = [{"token": f"token_id:{t}", "logprob": -0.25, "bytes": None, "top_logprobs": []}
+               for t in token_ids] if token_ids else [{"token": "x", "logprob": -0.1, "bytes": None,
+                                                       "top_logprobs": []}]
+    body = {"id": "chatcmpl-scripted", "object": "chat.completion", "created": 0, "model": "scripted",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
+                         "logprobs": {"content": content}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": len(content), "total_tokens": 1 + len(content)}}
     return 200, {}, json.dumps(body).encode()
 
 

@@ -1,0 +1,66 @@
+"""`vf-eval` (verifiers 0.4) runs trace-gym envs: the taskset and harness of trace_gym_verifiers against a real
+local OpenAI-shaped server that plays the env's expert; the rewards are the env's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verifiers")
+
+from tests.agents.openai_server import ExpertScript, ScriptedServer
+from tests.training.parity_env import ENTRY_POINT
+from trace_gym.env_specs import env_factory
+
+ROOT = Path(__file__).resolve().parents[3]
+VF_EVAL = shutil.which("vf-eval", path=str(Path(sys.executable).parent)) or "vf-eval"
+
+
+def vf_eval(server: ScriptedServer, out: Path, *args: str) -> list[dict]:
+    env = {**os.environ, "PRIME_API_KEY": "local", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([VF_EVAL, "trace_gym_verifiers", *args, "--model", "m", "--client.base-url",
+                             server.url.removesuffix("/v1"), "--no-rich", "--no-push", "--output-dir", str(out)],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    episodes = [json.loads(line) for path in out.rglob("traces.jsonl") for line in path.read_text().splitlines()]
+    traces = [t for e in episodes for t in e["traces"]]
+    assert traces and all(t["ok"] for t in traces), json.dumps([t["errors"] for t in traces])[:3000]
+    return traces
+
+
+def rewards(traces: list[dict]) -> dict[str, float]:
+    return {t["task"]["data"]["task_id"]: t["rewards"]["env_reward"]["score"] for t in traces}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["text", "native"])
+def test_vf_eval_scores_a_trace_gym_env_with_its_own_rewards(tmp_path, mode):
+    make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 4})
+    with ScriptedServer(ExpertScript(make_env, "text" if mode == "text" else "tools")) as server:
+        traces = vf_eval(server, tmp_path, "--env.taskset.env", "trace/Arithmetic-v0", "--env.taskset.env-args",
+                         '{"n_tasks": 4}', "-n", "4", "--env.agent.harness.id", "trace_gym_verifiers",
+                         "--env.agent.harness.tool-calls", mode)
+    assert rewards(traces) == {f"arith-{i}": 1.0 for i in range(4)}  # the expert solves every task
+    posts = [r for r in server.requests if r["path"].endswith("/chat/completions")]
+    assert len(posts) == 8  # two turns per episode: the tool call, then the answer, through the interception
+    assert all(t["metrics"]["trace_gym_turns"] == 2 for t in traces)
+
+
+@pytest.mark.slow
+def test_vf_eval_runs_a_users_own_env_named_by_module_and_class(tmp_path):
+    even = ScriptedServer(lambda path, body: _reply("four" if len(body["messages"]) > 2 else "hi"))
+    with even as server:
+        traces = vf_eval(server, tmp_path, "--env.taskset.env", ENTRY_POINT, "-n", "3")
+    assert sorted(rewards(traces).values()) == [1.0, 1.0, 1.0]
+
+
+def _reply(text: str):
+    from tests.agents.openai_server import message_reply
+
+    return message_reply({"role": "assistant", "content": text})
