@@ -45,7 +45,8 @@ SKIPPED = {
     "make quickstart": "the full quickstart (minutes); its command, trace-gym train --config configs/quickstart.yaml, "
                        "runs here at test size",
     "make test": "this test suite",
-    "vllm serve models/tiny --served-model-name tiny --port 8000": "needs vLLM: make test-vllm serves the model so",
+    "vllm serve models/tiny --served-model-name tiny --port 8000 --enable-auto-tool-choice --tool-call-parser hermes":
+        "needs vLLM: make test-vllm serves the model so",
     SERVED_EVAL: "needs a model server: tests/vllm runs it against a real vllm serve (make test-vllm)",
     ".venv/bin/python benchmarks/allocation.py": "a benchmark (tens of minutes)",
     ".venv/bin/python benchmarks/learning.py": "a benchmark (tens of minutes)",

@@ -270,11 +270,14 @@ def play(run: PolicyRun, progress: Callable[[int, int], None] | None = None) -> 
     from trace_gym.agents.policy import SamplingParams
     from trace_gym.agents.specs import policy_from_spec
     from trace_gym.env_specs import env_factory
-    from trace_gym.training.driver.builders import dataset_of
     from trace_gym.training.rollout.evaluate import evaluate_policy
 
     make_env = env_factory(run.env, run.env_args)
-    tasks = dataset_of(make_env)  # loads (and checks) the data before a model loads
+    probe = make_env()
+    try:
+        tasks = list(getattr(probe.unwrapped, "tasks", []))  # loads (and checks) the data before a model loads
+    finally:
+        probe.close()
     if not tasks:
         raise ConfigError(f"expected tasks in {run.env} {run.env_args or ''}, got none; fix: check its data or "
                           "--env-arg settings")

@@ -223,9 +223,13 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequ
     each task's tree (choice 3). Token ids are recorded exactly when the policy has a tokenizer (a scripted
     expert plays on messages). ``progress(done, total)`` hears every finished episode (a progress bar)."""
     from trace_gym.agents.scripted import ExpertPolicy
-    from trace_gym.training.driver.builders import dataset_of
 
-    chosen = list(tasks) if isinstance(tasks, Sequence) else dataset_of(make_env)[:tasks]
+    if isinstance(tasks, Sequence):
+        chosen = list(tasks)
+    else:
+        from trace_gym.training.driver.builders import dataset_of  # torch: only when the env's tasks are read here
+
+        chosen = dataset_of(make_env)[:tasks]
     tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
     counter = None if progress is None else _EpisodeCounter(progress, len(chosen) * (samples + branches))
     envs = make_env if counter is None else (lambda: _CountingEnv(make_env(), counter))
