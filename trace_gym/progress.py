@@ -50,6 +50,7 @@ class Progress:
         self.lines = 0  # plain lines printed so far
         self._start_done, self._t0 = done, time.monotonic()
         self._last_line = -math.inf
+        self._printed: int | None = None  # the count of the last plain line
         self._lock = threading.Lock()
         self._bar: Any = None
         self._task: Any = None
@@ -90,8 +91,8 @@ class Progress:
                 return
             now = time.monotonic()
             finished = self.total is not None and self.done >= self.total
-            if finished or now - self._last_line >= self.interval:
-                self._last_line = now
+            if self.done != self._printed and (finished or now - self._last_line >= self.interval):
+                self._last_line, self._printed = now, self.done
                 self._print(self.line())
 
     def line(self) -> str:

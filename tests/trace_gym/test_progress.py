@@ -63,3 +63,11 @@ def test_durations_read_as_clock_times():
 def test_the_helper_imports_without_torch():
     code = "import sys, trace_gym.progress; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+
+
+def test_the_finished_count_is_printed_once():
+    out = io.StringIO()
+    with Progress("eval episodes", total=3, interval=0, stream=out) as bar:
+        bar.update(done=3)
+        bar.update(done=3)
+    assert len(out.getvalue().splitlines()) == 1
