@@ -167,7 +167,10 @@ class OpenAIPolicy:
                 last = f"HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"
                 if exc.code not in RETRY_STATUS:
                     fix = "check the model name and the request settings"
-                    if b'"tools"' in (data or b"") and "tool" in last.lower():
+                    if "context length" in last.lower():
+                        fix = ("the conversation outgrew the server's context; serve with a longer context "
+                               "(vllm serve --max-model-len), or lower --max-new-tokens or the env's max_turns")
+                    elif b'"tools"' in (data or b"") and "tool" in last.lower():
                         fix = ("serve with a tool-call parser (vllm serve --enable-auto-tool-choice --tool-call-parser "
                                "hermes), or send calls as text (--tool-calls text)")
                     raise ServerError(f"expected an answer from {url}, got {last} (refused, not retried); "
