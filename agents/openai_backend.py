@@ -129,9 +129,9 @@ class OpenAIPolicy:
                               f"{sorted(choice)}; fix: check that the server is OpenAI-compatible")
         if message.get("tool_calls"):
             if self.tool_format is None:
-                raise ServerError("expected a text answer, got message.tool_calls and no env tool format to write "
-                                  "them as an action; fix: build the policy with policy_from_spec(..., make_env=...) "
-                                  "or pass OpenAIPolicy(tool_format=ToolFormat.of_env(env))")
+                raise ServerError("expected a text answer, got message.tool_calls, which this policy has no env tool "
+                                  "format to map; fix: --tool-calls native (in Python: policy_from_spec(..., "
+                                  "make_env=...) or OpenAIPolicy(tool_format=ToolFormat.of_env(env)))")
             return self.tool_format.action(message, "the response of /chat/completions")  # type: ignore[return-value]
         content = message.get("content")
         if not isinstance(content, str):
