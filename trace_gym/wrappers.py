@@ -1,15 +1,86 @@
-"""``TreeRolloutWrapper``: records every step into a ``RolloutTree`` and forks the env at any visited turn."""
+"""``TreeRolloutWrapper``: records every step into a ``RolloutTree`` and forks the env at any visited turn.
+
+A branch restores the whole chain under the wrapper, not only ``env.unwrapped``: every wrapper in between must
+be one whose state ``branch`` knows how to set (a ``TimeLimit`` counts the branch's turns again from its node).
+Gymnasium's common wrappers are known here; a wrapper of your own says how with ``restore_branch(path)``
+(``BranchAware``); any other is refused when the ``TreeRolloutWrapper`` is built.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import gymnasium as gym
+from gymnasium import wrappers as gw
 
 from trace_gym.env import TextEnv
 from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.snapshot import Snapshot
-from trace_gym.tree import RolloutTree
+from trace_gym.tree import Node, RolloutTree
+
+
+@runtime_checkable
+class BranchAware(Protocol):
+    """A wrapper whose state a branch can set. ``restore_branch(path)`` makes the wrapper's state what it was
+    just after the last node of ``path`` (root first) was recorded; the env underneath is already restored. A
+    stateless wrapper implements it as a no-op."""
+
+    def restore_branch(self, path: Sequence[Node]) -> None: ...
+
+
+def _elapsed(w: Any, path: Sequence[Node]) -> None:
+    w._elapsed_steps = len(path) - 1
+
+
+def _episode_stats(w: Any, path: Sequence[Node]) -> None:
+    w.episode_returns = sum(n.reward for n in path[1:])
+    w.episode_lengths = len(path) - 1
+
+
+def _has_reset(w: Any, path: Sequence[Node]) -> None:
+    w._has_reset = True
+
+
+def _not_done(w: Any, path: Sequence[Node]) -> None:
+    w.autoreset = False  # a branch starts from an open node
+
+
+def _stateless(w: Any, path: Sequence[Node]) -> None:
+    pass
+
+
+# Gymnasium wrappers by exact type (a subclass may add state): how each one's state follows a branch.
+_KNOWN: dict[type, Callable[[Any, Sequence[Node]], None]] = {
+    gw.TimeLimit: _elapsed,
+    gw.RecordEpisodeStatistics: _episode_stats,
+    gw.OrderEnforcing: _has_reset,
+    gw.Autoreset: _not_done,
+    gw.PassiveEnvChecker: _stateless,  # its flags only say which first-call checks ran
+    gw.TransformObservation: _stateless,
+    gw.TransformAction: _stateless,
+    gw.TransformReward: _stateless,
+    gw.ClipReward: _stateless,
+}
+
+
+def _chain(env: gym.Env) -> list[gym.Wrapper]:
+    """The wrappers between ``env`` and ``env.unwrapped``, outermost first."""
+    out = []
+    while isinstance(env, gym.Wrapper):
+        out.append(env)
+        env = env.env
+    return out
+
+
+def _check_branchable(env: gym.Env) -> None:
+    for w in _chain(env):
+        if type(w) not in _KNOWN and not isinstance(w, BranchAware):
+            raise ConfigError(
+                f"expected wrappers under TreeRolloutWrapper whose state a branch can restore, got "
+                f"{type(w).__name__}; fix: give {type(w).__name__} a restore_branch(path) method "
+                "(trace_gym.wrappers.BranchAware; a no-op if it keeps no state), or apply it outside "
+                "TreeRolloutWrapper")
 
 
 class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
@@ -25,6 +96,7 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
             raise ConfigError(f"expected a trace_gym TextEnv underneath, got {type(env.unwrapped).__name__}")
         if snapshot_kind not in ("native", "replay"):
             raise ConfigError(f"expected snapshot_kind 'native' or 'replay', got {snapshot_kind!r}")
+        _check_branchable(env)
         self.snapshot_kind = snapshot_kind
         self.tree: RolloutTree | None = None
         self.node_id = 0
@@ -74,6 +146,12 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         if node.is_terminal:
             raise TraceGymError(f"expected a non-terminal node to branch from, got terminal node {node_id}")
         obs, info = self.base.restore(self._snapshots[node_id])
+        path = self.tree.path(node_id)
+        for w in _chain(self.env):
+            if isinstance(w, BranchAware):
+                w.restore_branch(path)
+            else:
+                _KNOWN[type(w)](w, path)
         self.node_id = node_id
         return obs, {**info, "node_id": node_id}
 

@@ -333,6 +333,9 @@ class _CountingEnv(gym.Wrapper):
             self.counter.ended()
         return out
 
+    def restore_branch(self, path: Sequence[Node]) -> None:
+        """No state of its own to restore (``BranchAware``)."""
+
 
 def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed: int | None = None,
                     keep_trees: bool = False, progress: Callable[[int, int], None] | None = None) -> EvalResult:
