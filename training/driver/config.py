@@ -6,9 +6,11 @@ section by `Section` before the section's own `validate`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+import operator
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
+import pydantic
 import yaml
 
 from trace_gym.errors import ConfigError, nearest
@@ -56,6 +59,10 @@ class Section:
 
     def __post_init__(self) -> None:
         where = f"{self.key}." if self.key else ""
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if not isinstance(value, Section):
+                setattr(self, f.name, _coerce(type(self), f.name, value, where))
         for name, allowed in choices(type(self)).items():
             value = getattr(self, name)
             default = next(f.default for f in dataclasses.fields(self) if f.name == name)  # type: ignore[arg-type]
@@ -288,7 +295,6 @@ class OptimConfig(Section):
     """Leave nodes with zero advantage out of the update (they add no gradient, only compute)."""
 
     def validate(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]  # YAML gives a list
         _check(self.lr > 0, f"expected optim.lr > 0, got {self.lr}; fix: optim.lr=1e-6")
         _check(self.weight_decay >= 0 and self.grad_clip >= 0,
                f"expected optim.weight_decay, grad_clip >= 0, got {self.weight_decay}, {self.grad_clip}")
@@ -362,7 +368,7 @@ class LogConfig(Section):
     """W&B project."""
     progress: bool = True
     """Rich progress bar on the terminal."""
-    save_trees: TreeSteps | int = "none"
+    save_trees: TreeSteps | int | bool = "none"
     """Which steps' trees go to trees.jsonl in the run folder: none, all, first_last, or an integer N (every
     N-th step and the last). YAML true/false read as all/none."""
     plots: bool = True
@@ -473,9 +479,8 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         sub = _nested_type(cls, name)
-        kwargs[name] = _build(sub, value or {}, f"{where}{name}.") if sub is not None else _coerce(
-            cls, name, value, where)
-    return cls(**kwargs)
+        kwargs[name] = _build(sub, value or {}, f"{where}{name}.") if sub is not None else value
+    return cls(**kwargs)  # each Section checks its values against the annotations
 
 
 def _dotted_keys(cls: type) -> list[str]:
@@ -497,27 +502,78 @@ def _nested_type(cls: type, name: str) -> type | None:
 
 
 def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
-    """YAML gives ints for floats (``lr: 1``) and strings for '1e-4' without a dot; fix both by the default."""
-    default = next(f for f in dataclasses.fields(cls) if f.name == name).default
-    if isinstance(default, bool) or default is None or default is dataclasses.MISSING:
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"expected {where}{name} true or false, got {value!r}")
-        return value
-    numeric = isinstance(default, int | float) and not isinstance(default, bool)
-    if numeric and (isinstance(value, bool) or not isinstance(value, int | float | str)):
-        kind = "an integer" if isinstance(default, int) else "a number"
-        raise ConfigError(f"expected {where}{name} as {kind}, got {value!r}; fix: {where}{name}={default}")
-    if isinstance(default, float) and isinstance(value, int | str) and not isinstance(value, bool):
-        try:
-            out = float(value)
-        except ValueError:
-            raise ConfigError(f"expected {where}{name} as a number, got {value!r}") from None
-        if not math.isfinite(out):
-            raise ConfigError(f"expected a finite {where}{name}, got {value!r}")
-        return out
-    if isinstance(default, int) and not isinstance(value, int):
-        raise ConfigError(f"expected {where}{name} as an integer, got {value!r}; fix: {where}{name}={default}")
-    return value
+    """``value`` checked against the field's annotation (pydantic, strict: no ``"5"`` for an int, no ``1`` for
+    a flag), with the two conversions YAML needs: a list for a tuple, and a string for a float (YAML reads
+    ``1e-4`` without a dot as a string). A Literal's values are checked by `Section`, with its own message."""
+    hint = _loose(_hints(cls)[name])
+    if isinstance(value, list) and _accepts(hint, tuple):
+        value = tuple(value)
+    if isinstance(value, str) and _accepts(hint, float) and not _accepts(hint, str):
+        with contextlib.suppress(ValueError):  # a string that is no number is reported below
+            value = float(value)
+    try:
+        out = _adapter(hint).validate_python(value, strict=True)
+    except pydantic.ValidationError:
+        f = next(f for f in dataclasses.fields(cls) if f.name == name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        fix = f"; fix: {where}{name}={_yaml(default)}" if default is not dataclasses.MISSING else ""
+        raise ConfigError(f"expected {where}{name} as {_describe(hint)}, got {value!r}{fix}") from None
+    if isinstance(out, float) and not math.isfinite(out):
+        raise ConfigError(f"expected a finite {where}{name}, got {value!r}")
+    return out
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _adapter(hint: Any) -> pydantic.TypeAdapter[Any]:
+    return pydantic.TypeAdapter(hint)
+
+
+def _loose(hint: Any) -> Any:
+    """``hint`` with each Literal replaced by the types of its values (`Section` checks the values)."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        kinds = tuple(dict.fromkeys(type(v) for v in get_args(hint)))
+        return functools.reduce(operator.or_, kinds)
+    if origin is typing.Union or isinstance(hint, types.UnionType):
+        return functools.reduce(operator.or_, (_loose(a) for a in get_args(hint)))
+    return hint
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    return get_args(hint) if get_origin(hint) is typing.Union or isinstance(hint, types.UnionType) else (hint,)
+
+
+def _accepts(hint: Any, kind: type) -> bool:
+    return any(m is kind or get_origin(m) is kind for m in _members(hint))
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null",
+          dict: "a mapping", tuple: "a list", list: "a list"}
+
+
+def _describe(hint: Any) -> str:
+    """The annotation in a user's words: ``int | None`` -> "an integer or null"."""
+    words = []
+    for m in _members(hint):
+        if get_origin(m) is tuple and get_args(m) and Ellipsis not in get_args(m):
+            words.append(f"a list of {len(get_args(m))} {_describe(get_args(m)[0]).split(' ', 1)[-1]}s")
+        else:
+            words.append(_KINDS.get(get_origin(m) or m, getattr(m, "__name__", str(m))))
+    return " or ".join(dict.fromkeys(words))
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as one would type it after ``key=``."""
+    if isinstance(value, tuple | list):
+        return "[" + ",".join(_yaml(v) for v in value) + "]"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return str(value)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

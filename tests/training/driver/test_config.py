@@ -107,3 +107,24 @@ def test_every_literal_mode_is_checked_against_its_literal_alone():
                                     "strategy": ("single", "ddp", "fsdp")}
     with pytest.raises(ConfigError, match=r"expected model.strategy in \('single', 'ddp', 'fsdp'\), got 'zero'"):
         ModelConfig(strategy="zero")  # type: ignore[arg-type]  # a bad value given in code, not YAML
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("model.device=5", "expected model.device as a string, got 5; fix: model.device=auto"),
+    ("env.id=7", "expected env.id as a string, got 7; fix: env.id=trace/Arithmetic-v0"),
+    ("optim.betas=0.9", "expected optim.betas as a list of 2 numbers, got 0.9; fix: optim.betas=[0.9,0.999]"),
+    ("optim.betas=[0.9,x]", "expected optim.betas as a list of 2 numbers"),
+    ("model.bf16=1", "expected model.bf16 as true or false, got 1; fix: model.bf16=false"),
+    ("steps=5.5", "expected steps as an integer, got 5.5; fix: steps=100"),
+    ("model.init_size=5", "expected model.init_size as a string or null, got 5; fix: model.init_size=null"),
+    ("env.kwargs=[1]", "expected env.kwargs as a mapping, got [1]; fix: env.kwargs={}"),
+])
+def test_values_are_checked_against_the_annotation_in_one_line(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_yaml_forms_convert_to_the_annotated_types():
+    cfg = load_config(None, ["optim.betas=[0.8,0.9]", "optim.lr=1", "log.save_trees=true"])
+    assert cfg.optim.betas == (0.8, 0.9) and isinstance(cfg.optim.lr, float) and cfg.log.save_trees == "all"
