@@ -11,11 +11,10 @@ import json
 import time
 from pathlib import Path
 
-import gymnasium as gym
 from rich.console import Console
 from rich.table import Table
 
-import trace_gym  # noqa: F401  (registers the ids)
+from trace_gym.env_specs import make_env
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -31,7 +30,7 @@ def restore_seconds(env, snap, repeats: int) -> float:
 
 
 def measure(env_id: str, depths: list[int], repeats: int) -> list[dict]:
-    env = gym.make(env_id, max_turns=max(depths) + 1).unwrapped
+    env = make_env(env_id, max_turns=max(depths) + 1).unwrapped
     rows = []
     for depth in depths:
         env.reset(seed=0)

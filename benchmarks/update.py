@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -43,6 +42,7 @@ import trace_gym  # noqa: F401 - registers the trace/* ids
 from trace_gym.agents.chat import encode
 from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.agents.policy import Generation, Request, SamplingParams
+from trace_gym.env_specs import env_factory
 from trace_gym.training.allocation.stages import build_samples
 from trace_gym.training.driver.config import TrainConfig
 from trace_gym.training.rollout.collector import TreeCollector
@@ -102,7 +102,7 @@ def chat_messages(text: str) -> list[dict[str, str]]:
 
 
 def collect(spec: dict[str, Any], model: torch.nn.Module, tokenizer: Any, seed: int = 0) -> list[RolloutTree]:
-    make_env = functools.partial(gym.make, spec["env"], **spec["kwargs"])
+    make_env = env_factory(spec["env"], spec["kwargs"])
     env = make_env()
     tasks = list(env.unwrapped.tasks)[:spec["prompts"]]
     make_expert = lambda s: env.unwrapped.expert(noise=0.3, seed=s)  # noqa: E731

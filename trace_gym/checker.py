@@ -26,6 +26,7 @@ import numpy as np
 from gymnasium.utils.env_checker import check_env
 
 from trace_gym.env import _BASE_FIELDS, TextEnv, ToolEnv, fingerprint
+from trace_gym.env_specs import make_env
 from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
 from trace_gym.processes import descendant_pids, services
 from trace_gym.tools import ToolCall
@@ -39,7 +40,7 @@ class ConformanceError(TraceGymError, AssertionError):
 
 def _make_factory(env: str | Callable[[], gym.Env[str, str]]) -> Callable[[], TextEnv]:
     def factory() -> TextEnv:
-        made = gym.make(env) if isinstance(env, str) else env()
+        made = make_env(env) if isinstance(env, str) else env()
         base = made.unwrapped
         if not isinstance(base, TextEnv):
             raise ConformanceError(f"expected a trace_gym TextEnv, got {type(base).__name__}")

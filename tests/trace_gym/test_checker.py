@@ -82,3 +82,9 @@ def test_a_mismatch_names_the_first_differing_field_and_trims_both_values() -> N
     assert "abc" in a and "abd" in b and len(a) < 80 and len(b) < 80
     assert first_difference({"k": 1}, {"k": 1, "z": 2}, "info")[0] == "info['z']"
     assert first_difference([1, 2], [1, 2, 3], "messages") == ("len(messages)", "2", "3")
+
+
+def test_the_checker_takes_a_module_colon_class_spec() -> None:
+    from trace_gym.checker import check_trace_env
+
+    check_trace_env("tests.trace_gym.toy_envs:VaultEnv", skip_gym_check=True)

@@ -163,3 +163,21 @@ def test_values_of_the_annotated_types_pass(user_module):
 def test_data_settings_that_arithmetic_would_drop_are_refused():
     with pytest.raises(ConfigError, match="expected no data_path for trace/Arithmetic-v0"):
         make_env("trace/Arithmetic-v0", data_path="/nope.jsonl")
+
+
+def test_every_env_string_goes_through_the_resolver():
+    """No library module calls gym.make itself (it knows neither module:Class nor the keyword checks)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    calls = []
+    for folder in ("trace_gym", "training", "agents", "environments", "benchmarks"):
+        for path in (root / folder).rglob("*.py"):
+            if path.name == "env_specs.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr == "make" and isinstance(node.value, ast.Name) \
+                        and node.value.id in ("gym", "gymnasium"):
+                    calls.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert calls == [], f"gym.make outside trace_gym/env_specs.py: {calls}; use make_env or env_factory"

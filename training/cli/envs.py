@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 
-import gymnasium as gym
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from trace_gym.env_specs import make_env
 from trace_gym.registration import ENV_SPECS, trace_env_ids
 
 
@@ -30,7 +30,7 @@ def envs_table() -> Table:
     table.add_column("class and settings", overflow="fold")
     for env_id in ids:
         entry, kwargs = ENV_SPECS[env_id]
-        env = gym.make(env_id).unwrapped
+        env = make_env(env_id).unwrapped
         tools = ", ".join(t.name for t in getattr(env, "tool_map", {}).values()) or "per task"
         made = "\n".join([entry.rsplit(":", 1)[1], *(f"{k}={v}" for k, v in kwargs.items())])
         table.add_row(env_id, tools, made)

@@ -23,6 +23,7 @@ import gymnasium as gym
 from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.agents.sft import SFTSettings, sft
+from trace_gym.env_specs import env_factory
 from trace_gym.errors import ConfigError
 from trace_gym.training.driver.builders import dataset_of
 from trace_gym.training.driver.config import TrainConfig
@@ -105,9 +106,7 @@ def sft_env(model_dir: str | Path, env_id: str, episodes: int = 2000, out_dir: s
     import trace_gym  # noqa: F401 - registers the trace/* ids
     from trace_gym.agents.hf import HFPolicy
 
-    def make_env() -> gym.Env:
-        return gym.make(env_id, **dict(env_kwargs or {}))
-
+    make_env = env_factory(env_id, env_kwargs)
     data = collect_expert_episodes(make_env, episodes, noise=noise, holdout=eval_episodes)
     before = held_out_eval(HFPolicy.from_pretrained(model_dir), make_env, eval_episodes)
     result = sft(model_dir, data, out_dir, settings, progress=progress)

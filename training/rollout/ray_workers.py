@@ -28,6 +28,7 @@ from typing import Any
 import gymnasium as gym
 
 from trace_gym.agents.policy import Policy, SamplingParams
+from trace_gym.env_specs import make_env
 from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.experts import Expert
 from trace_gym.snapshot import ReplaySnapshot
@@ -57,7 +58,7 @@ def init_ray(cfg: RayConfig) -> None:
 
 # --------------------------------------------------------------------------------------------- seeded experts
 class EnvExpert:
-    """A picklable ``seed -> Expert`` factory: ``gym.make(env_id).unwrapped.expert(noise, seed)``."""
+    """A picklable ``seed -> Expert`` factory: ``make_env(env_id).unwrapped.expert(noise, seed)`` (any env spec)."""
 
     def __init__(self, env_id: str, noise: float = 0.0, env_kwargs: Mapping[str, Any] | None = None):
         self.env_id, self.noise, self.env_kwargs = env_id, noise, dict(env_kwargs or {})
@@ -65,7 +66,7 @@ class EnvExpert:
 
     def __call__(self, seed: int) -> Expert:
         if self._env is None:
-            self._env = gym.make(self.env_id, **self.env_kwargs).unwrapped
+            self._env = make_env(self.env_id, **self.env_kwargs).unwrapped
         return self._env.expert(noise=self.noise, seed=seed)
 
     def __getstate__(self) -> dict[str, Any]:

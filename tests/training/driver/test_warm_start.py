@@ -65,3 +65,16 @@ def test_trace_gym_sft_collects_trains_and_reports(tmp_path, capsys):
     assert summary["expert_episodes"] == 24 and summary["steps"] == 3
     assert 0.0 <= summary["success_after_greedy"] <= 1.0
     assert json.loads((tmp_path / "out" / "sft_summary.json").read_text()) == summary
+
+
+@pytest.mark.slow
+def test_trace_gym_sft_takes_a_module_colon_class_env(tmp_path, capsys):
+    from trace_gym.agents.tiny import build_tiny_model
+    from trace_gym.training.cli.main import main
+
+    model = build_tiny_model(tmp_path / "m", size="nano", seed=0)
+    assert main(["sft", "--model", str(model), "--out", str(tmp_path / "out"), "--env",
+                 "tests.agents.calc_env:CalcEnv", "--episodes", "8", "--steps", "1", "--batch-size", "4",
+                 "--eval-episodes", "2", "--env-kwargs", '{"n": 40}']) == 0
+    summary = json.loads((tmp_path / "out" / "sft_summary.json").read_text())
+    assert summary["env"] == "tests.agents.calc_env:CalcEnv" and summary["expert_episodes"] == 8

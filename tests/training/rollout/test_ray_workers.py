@@ -4,6 +4,7 @@ worker killed while it holds work costs nothing but time (step completes, budget
 from __future__ import annotations
 
 import functools
+import pickle
 import sys
 import time
 
@@ -226,3 +227,9 @@ def test_pushed_weights_reach_the_workers(ray_cluster):
         local.close()
         remote.close()
     assert [n.action for t in after.values() for n in t] != [n.action for t in before.values() for n in t]
+
+
+def test_a_worker_expert_resolves_a_module_colon_class_spec():
+    make_expert = pickle.loads(pickle.dumps(EnvExpert("tests.agents.calc_env:CalcEnv", env_kwargs={"n": 10})))
+    expert = make_expert(0)
+    assert expert.act(None, [{"role": "tool", "content": "7"}]) == "<answer>7</answer>"
