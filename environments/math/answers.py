@@ -1,25 +1,31 @@
 """Final-answer extraction and equivalence checking for math tasks.
 
-Order of checks (the first that says "equal" wins): normalised strings, exact rationals/decimals, math-verify
-(LaTeX parser, sets, intervals, tuples, matrices), then sympy on plain expressions. Binary reward; the parsed
-forms are returned for ``info``. Answers are untrusted text: nothing here raises on them.
+An answer is untrusted text and is never run as code. Order of checks (the first that says "equal" wins):
+normalised strings; exact rationals and decimals; the expression grammar of ``expressions.py`` (a parser that
+cannot run code, with size limits), whose constant trees compare as exact rationals here; then, in a bounded
+call, math-verify's LaTeX parser (sets, intervals, tuples, matrices) and sympy's ``simplify`` on trees built by
+the grammar node by node. Neither ``sympify``/``parse_expr`` on a string nor math-verify's plain-expression
+parser (which calls ``parse_expr``) is used, and the checking process refuses both (``refuse_code_from_strings``).
+Binary reward; the parsed forms are returned for ``info``. Nothing here raises on an answer.
 
-Time and memory bound: the string and rational checks run here (linear in the answer's length); math-verify and
-sympy run in a bounded call (``sandbox.bounded``): a child process killed ``TIMEOUT_S`` seconds after it starts,
-with its memory capped. Answers such as ``\\boxed{9^{9^{9^{9}}}}`` or ``factorial(10**9)`` then get a verdict of 0
-with ``info["method"] == "timeout"`` and a note, instead of hanging the step. Inputs over ``MAX_CHARS`` skip the
-symbolic checks altogether.
+Time and memory bound: the checks here are linear in the answer's length (inputs over ``MAX_CHARS`` get only
+the string check), and the grammar sizes every constant power and factorial before computing it, so
+``9^{9^{9^{9}}}`` or ``(10^{10})!`` get 0 with ``info["method"] == "too_large"`` at once. math-verify and sympy run
+in a child process (``sandbox.bounded``) killed ``TIMEOUT_S`` seconds after it starts, with its memory capped: an
+answer that makes them work too long gets 0 with ``info["method"] == "timeout"`` and a note.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from fractions import Fraction
 from typing import Any
 
+from trace_gym.environments.math import expressions
 from trace_gym.environments.sandbox.bounded import Bound, bounded_call
 
-MAX_CHARS = 400
+MAX_CHARS = expressions.MAX_CHARS
 TIMEOUT_S = 5
 MEMORY_BYTES = 2 << 30  # what the symbolic check may add to the call server's address space
 
@@ -91,22 +97,38 @@ def normalize(s: str) -> str:
 
 
 def _rational(s: str) -> Fraction | None:
-    m = re.fullmatch(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}", s) or re.fullmatch(r"(-?)\\frac(\d)(\d)", s)
+    if len(s) > MAX_CHARS:  # int() of thousands of digits is slow; such an answer gets only the string check
+        return None
+    m = (re.fullmatch(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}", s, re.ASCII)
+         or re.fullmatch(r"(-?)\\frac(\d)(\d)", s, re.ASCII))
     try:
         if m:
             value = Fraction(int(m.group(2)), int(m.group(3)))
             return -value if m.group(1) else value
-        if re.fullmatch(r"-?\d+(?:\.\d*)?(?:/\d+)?|-?\.\d+", s):
+        if re.fullmatch(r"-?\d+(?:\.\d*)?(?:/\d+)?|-?\.\d+", s, re.ASCII):
             return Fraction(s)
     except (ValueError, ZeroDivisionError):
         return None
     return None
 
 
-def _math_verify(gold: str, pred: str) -> tuple[bool, str, str]:
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+def _close(a: Fraction, b: Fraction) -> bool:
+    """Equal, or within a relative 1e-6 (decimals written out to a few places), in exact arithmetic."""
+    return a == b or abs(a - b) <= Fraction(1, 10**6) * max(1, abs(b))
 
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
+
+def _grammar(s: str) -> expressions.Node | None:
+    try:
+        return expressions.parse(s)
+    except expressions.ExpressionError:
+        return None
+
+
+def _math_verify(gold: str, pred: str) -> tuple[bool, str, str]:
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    # LaTeX extraction only: math-verify's ExprExtractionConfig hands the text to sympy's parse_expr (eval).
+    configs = [LatexExtractionConfig()]
     # The bounded call runs this in a child's main thread, where math-verify's own SIGALRM timeouts work.
     g = parse(f"${gold}$", extraction_config=configs, parsing_timeout=TIMEOUT_S)  # type: ignore[arg-type]
     p = parse(f"${pred}$", extraction_config=configs, parsing_timeout=TIMEOUT_S)  # type: ignore[arg-type]
@@ -117,28 +139,52 @@ def _math_verify(gold: str, pred: str) -> tuple[bool, str, str]:
 
 
 def _sympy_equal(gold: str, pred: str) -> bool:
+    """Both parsed by the grammar, built into sympy node by node, and ``simplify(gold - pred) == 0``."""
     import sympy
-    from sympy.parsing.sympy_parser import (
-        implicit_multiplication_application,
-        parse_expr,
-        standard_transformations,
-    )
 
-    def conv(s: str) -> Any:
-        s = s.replace("^", "**").replace("\\pi", "pi").replace("\\sqrt", "sqrt").replace("{", "(").replace("}", ")")
-        return parse_expr(s, transformations=(*standard_transformations, implicit_multiplication_application),
-                          evaluate=True)
-
-    a, b = conv(gold), conv(pred)
+    a, b = expressions.to_sympy(expressions.parse(gold)), expressions.to_sympy(expressions.parse(pred))
     if isinstance(a, tuple) or isinstance(b, tuple):
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(
             sympy.simplify(x - y) == 0 for x, y in zip(a, b))
     return bool(sympy.simplify(a - b) == 0)
 
 
+def refuse_code_from_strings() -> None:
+    """Close, in the checking process, every way from a string to Python code: sympy's string parser accepts
+    only number literals (what math-verify's LaTeX parser hands ``sympy.Number``) and never calls ``eval``; an
+    audit hook refuses to compile any source that is not a file. A path to ``eval`` missed by the review of
+    these libraries then fails the check (reward 0) instead of running the answer. Irreversible: call it only
+    in a process that exists for one check."""
+    import sys
+
+    import sympy
+    from sympy.parsing import sympy_parser
+
+    def numbers_only(s: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(s, str) and re.fullmatch(r"[0-9]+", s.strip(), re.ASCII):
+            return sympy.Integer(int(s))
+        if isinstance(s, str) and re.fullmatch(r"[0-9]*\.[0-9]*(?:e-?[0-9]+)?", s.strip(), re.ASCII | re.I):
+            return sympy.Float(s.strip())
+        raise ValueError("the answer checker does not parse strings as code")
+
+    def no_eval(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("the answer checker does not evaluate strings")
+
+    sympy_parser.parse_expr = numbers_only
+    sympy_parser.eval_expr = no_eval
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == "compile" and not (isinstance(args[1], str) and args[1].startswith("/")):
+            raise RuntimeError("the answer checker compiles no code at run time")
+
+    sys.addaudithook(hook)
+
+
 def symbolic_check(golds: list[tuple[str, str]], pred: str, p: str) -> tuple[str | None, str, str]:
-    """math-verify, then sympy, against each (raw, normalised) gold: (method or None, parsed gold, parsed pred).
-    Runs inside a bounded call; an exception in one check counts as "not equal"."""
+    """math-verify (its LaTeX parser), then sympy on the grammar's trees, against each (raw, normalised) gold:
+    (method or None, parsed gold, parsed pred). Runs inside a bounded call, in a process that lives for this
+    check only; an exception in one check counts as "not equal"."""
+    refuse_code_from_strings()
     parsed_gold, parsed_pred = "", ""
     for g_raw, g in golds:
         try:
@@ -157,7 +203,10 @@ def symbolic_check(golds: list[tuple[str, str]], pred: str, p: str) -> tuple[str
 
 def warm_up() -> None:
     """Load math-verify's and sympy's parsers once (in the call server), so each check starts warm."""
-    symbolic_check([("\\frac{1}{2}", "\\frac{1}{2}")], "x^2", "x^2")
+    for gold, pred in (("\\frac{1}{2}", "x^2"), ("(3,\\frac{\\pi}{2})", "(3,\\pi/2)"), ("[2,5)", "\\sqrt{2}/2")):
+        _math_verify(gold, pred)
+        with contextlib.suppress(Exception):
+            _sympy_equal(normalize(gold), normalize(pred))
 
 
 def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
@@ -171,6 +220,16 @@ def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
     pred = (inner if inner is not None else pred).strip()
     p = normalize(pred)
     info["parsed_answer"] = p
+    pred_tree: expressions.Node | None = None
+    if len(p) <= MAX_CHARS:
+        try:
+            pred_tree = expressions.parse(p)
+        except expressions.TooLarge as e:
+            info.update(method="too_large", note=f"the answer was not evaluated ({e}); it counts as wrong")
+            return 0.0, info
+        except expressions.ExpressionError:
+            pass
+    pred_value = expressions.exact_value(pred_tree) if pred_tree is not None else None
     symbolic: list[tuple[str, str]] = []
     for g_raw in golds:
         g = normalize(g_raw)
@@ -179,14 +238,22 @@ def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
             return 1.0, info
         pr, gr = _rational(p), _rational(g)
         if pr is not None and gr is not None:
-            if pr == gr or abs(float(pr) - float(gr)) <= 1e-6 * max(1.0, abs(float(gr))):
+            if _close(pr, gr):
                 info["method"] = "numeric"
                 return 1.0, info
             continue  # two plain numbers that differ: no symbolic check can make them equal
+        gold_tree = _grammar(g) if pred_value is not None else None
+        gold_value = expressions.exact_value(gold_tree) if gold_tree is not None else None
+        if pred_value is not None and gold_value is not None:
+            if _close(pred_value, gold_value):
+                info["method"] = "numeric"
+                return 1.0, info
+            continue  # two exact rationals that differ
         if len(p) <= MAX_CHARS and len(g) <= MAX_CHARS:
             symbolic.append((g_raw, g))
     if symbolic:
-        outcome = bounded_call(symbolic_check, symbolic, pred, p, bound=Bound(TIMEOUT_S, MEMORY_BYTES),
+        raw = pred if len(pred) <= MAX_CHARS else p  # math-verify reads the raw LaTeX when it is short
+        outcome = bounded_call(symbolic_check, symbolic, raw, p, bound=Bound(TIMEOUT_S, MEMORY_BYTES),
                                warm=(f"{__name__}:warm_up",))
         if not outcome.ok:
             info.update(method="timeout" if outcome.timed_out else "error",
