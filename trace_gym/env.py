@@ -122,7 +122,8 @@ class TextEnv(gym.Env[str, str]):
 
     # ----------------------------------------------------------------- hooks
     def begin(self, task: Task) -> str:
-        """Set up per-episode state; return the first observation (and fill ``self.messages``)."""
+        """Set up per-episode state; return the first observation. ``self.messages`` is empty when it is called:
+        fill it with the chat the episode starts from (this default: the task prompt as the user message)."""
         self.messages = [{"role": "user", "content": task.prompt}]
         return task.prompt
 
@@ -267,7 +268,8 @@ class TextEnv(gym.Env[str, str]):
         return self.tasks[int(self.np_random.integers(len(self.tasks)))]
 
     def _start(self, task: Task) -> tuple[str, dict[str, Any]]:
-        self.task, self.turn_count, self._actions, self._done = task, 0, [], False
+        # Fresh messages before begin(): a begin() that does not set them must not serve the last episode's chat.
+        self.task, self.turn_count, self._actions, self._done, self.messages = task, 0, [], False, []
         obs = self.begin(task)
         self._fingerprints = {k: fingerprint(v) for k, v in self._checked_fields().items()}
         info = self._with_base_info(self.reset_info())
