@@ -5,7 +5,15 @@
 
 from trace_gym.actions import ActionParser, HermesParser, ParsedAction, TagParser, ToolCall
 from trace_gym.env import TextEnv, ToolEnv, Turn
-from trace_gym.errors import ConfigError, DataError, ServerError, SnapshotError, TraceGymError, UserError
+from trace_gym.errors import (
+    ConfigError,
+    DataError,
+    ServerError,
+    SnapshotError,
+    ToolError,
+    TraceGymError,
+    UserError,
+)
 from trace_gym.experts import Expert
 from trace_gym.registration import register_envs, trace_env_ids
 from trace_gym.snapshot import NativeSnapshot, ReplaySnapshot, Snapshot
@@ -20,8 +28,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ActionParser", "ConfigError", "DataError", "Expert", "HermesParser", "NativeSnapshot", "Node",
     "ParsedAction", "ReplaySnapshot", "RolloutTree", "ServerError", "Snapshot", "SnapshotError", "String", "TagParser",
-    "Task", "TextEnv", "Tool", "ToolCall", "ToolEnv", "TraceGymError", "TreeRolloutWrapper", "Turn", "UserError",
-    "call_tool", "register_envs", "trace_env_ids",
+    "Task", "TextEnv", "Tool", "ToolCall", "ToolEnv", "ToolError", "TraceGymError", "TreeRolloutWrapper", "Turn",
+    "UserError", "call_tool", "register_envs", "trace_env_ids",
 ]
 
 register_envs()

@@ -1,4 +1,6 @@
-"""The project's exceptions. Model mistakes never raise: they become error observations with ``info["error"]``.
+"""The project's exceptions. Model mistakes never raise out of ``step``: they become error observations with
+``info["error"]``. A tool says that a call was the model's mistake by raising ``ToolError``; any other exception
+from a tool is a setup failure or a bug and propagates.
 
 ``UserError`` and its subclasses are mistakes a user can fix (a setting, a file, a server): the ``trace-gym``
 command prints them as one line, ``error: ...; fix: ...``, and exits with status 2. Everything else is a bug and
@@ -29,6 +31,11 @@ class DataError(UserError):
 
 class ServerError(UserError):
     """A model server that kept failing (or refused the request) after all retries."""
+
+
+class ToolError(TraceGymError):
+    """Raised by a tool for a mistake in the model's call (a value out of range, a missing file): the env answers
+    the call with ``Error: <message>``. Write the message for the model: what was wrong and what would work."""
 
 
 class SnapshotError(TraceGymError):

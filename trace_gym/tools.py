@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, ToolError
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object"}
 
@@ -96,7 +96,11 @@ def _json_type(hint: Any) -> dict[str, Any]:
 
 
 def call_tool(tools: Mapping[str, Tool], call: ToolCall, max_chars: int = 8000) -> tuple[str, str | None]:
-    """Validate and run one call. Returns ``(observation, error)``; never raises on the model's input."""
+    """Validate and run one call. Returns ``(observation, error)``.
+
+    The model's mistakes are answered, not raised: an unknown tool, arguments that break the schema, and a
+    ``ToolError`` raised by the tool. Any other exception from the tool (a sandbox that cannot start, a bug)
+    propagates: shown to the model, it would look like the model's fault and hide the failure from the run."""
     tool = tools.get(call.name)
     if tool is None:
         known = ", ".join(sorted(tools)) or "none"
@@ -109,8 +113,8 @@ def call_tool(tools: Mapping[str, Tool], call: ToolCall, max_chars: int = 8000) 
         return f"Error: {msg}", msg
     try:
         result = tool.fn(**call.arguments)
-    except Exception as exc:  # the tool's failure is reported to the model, not raised
-        msg = f"{call.name} failed: {type(exc).__name__}: {exc}"
+    except ToolError as exc:
+        msg = f"{call.name} failed: {exc}"
         return f"Error: {msg}", msg
     text = result if isinstance(result, str) else str(result)
     if len(text) > max_chars:

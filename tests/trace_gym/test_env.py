@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from trace_gym import Task, TextEnv, Turn
+from typing import Any
+
+import pytest
+
+from trace_gym import HermesParser, Task, TextEnv, Tool, ToolCall, ToolEnv, ToolError, Turn
 
 
 class EchoTurns(TextEnv):
@@ -23,3 +27,40 @@ def test_every_episode_starts_with_fresh_messages() -> None:
     assert info["messages"] == []
     *_, info = env.step("from episode two")
     assert [m["content"] for m in info["messages"]] == ["from episode two", "heard from episode two"]
+
+
+class Lookup(ToolEnv):
+    """A table lookup whose tool says a missing key is the model's mistake, and has a bug for one key."""
+
+    def tools(self) -> list[Tool]:
+        return [Tool.from_function(self.lookup)]
+
+    def lookup(self, key: str) -> str:
+        """Look a key up."""
+        if key == "bug":
+            return {"a": "1"}["b"]  # the tool's own defect
+        if key not in ("a", "b"):
+            raise ToolError(f"expected key 'a' or 'b', got {key!r}")
+        return key.upper()
+
+    def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
+        return float(answer == "A"), {}
+
+
+def _call(key: str) -> str:
+    return HermesParser().format(ToolCall("lookup", {"key": key}))
+
+
+def test_a_tool_error_becomes_an_observation() -> None:
+    env = Lookup(tasks=[Task(id="t", prompt="Look up a.")])
+    env.reset(seed=0)
+    obs, reward, terminated, _, info = env.step(_call("z"))
+    assert obs == "Error: lookup failed: expected key 'a' or 'b', got 'z'" and info["error"] in obs
+    assert (reward, terminated) == (0.0, False)
+
+
+def test_a_tool_with_a_bug_raises_out_of_step() -> None:
+    env = Lookup(tasks=[Task(id="t", prompt="Look up a.")])
+    env.reset(seed=0)
+    with pytest.raises(KeyError):
+        env.step(_call("bug"))

@@ -1,6 +1,6 @@
 import pytest
 
-from trace_gym import ConfigError, Tool, ToolCall, call_tool
+from trace_gym import ConfigError, Tool, ToolCall, ToolError, call_tool
 
 
 def lookup(key: str, limit: int = 3, exact: bool = False) -> str:
@@ -12,12 +12,17 @@ def lookup(key: str, limit: int = 3, exact: bool = False) -> str:
     return f"{key}:{limit}:{exact}"
 
 
-def boom(x: int) -> str:
-    """Always fails."""
-    raise RuntimeError(f"bad {x}")
+def refuse(x: int) -> str:
+    """Refuses every value: the model's mistake, said as a ToolError."""
+    raise ToolError(f"expected a positive x, got {x}")
 
 
-TOOLS = {t.name: t for t in (Tool.from_function(lookup), Tool.from_function(boom))}
+def buggy(x: int) -> str:
+    """A tool with a bug."""
+    return {}[x]
+
+
+TOOLS = {t.name: t for t in (Tool.from_function(lookup), Tool.from_function(refuse), Tool.from_function(buggy))}
 
 
 def test_schema_from_type_hints_and_docstring():
@@ -38,11 +43,16 @@ def test_valid_call_runs():
     (ToolCall("lookup", {}), "'key' is a required property"),
     (ToolCall("lookup", {"key": "k", "limit": "five"}), "limit: 'five' is not of type 'integer'"),
     (ToolCall("lookup", {"key": "k", "extra": 1}), "Additional properties are not allowed"),
-    (ToolCall("boom", {"x": 1}), "boom failed: RuntimeError: bad 1"),
+    (ToolCall("refuse", {"x": -1}), "refuse failed: expected a positive x, got -1"),
 ])
 def test_bad_calls_become_error_observations(call, fragment):
     observation, error = call_tool(TOOLS, call)
     assert fragment in error and observation.startswith("Error: ")
+
+
+def test_a_tool_bug_raises():
+    with pytest.raises(KeyError):
+        call_tool(TOOLS, ToolCall("buggy", {"x": 1}))
 
 
 def test_long_results_are_truncated_with_a_note():

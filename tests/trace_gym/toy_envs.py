@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trace_gym import Task, Tool, ToolEnv
+from trace_gym import Task, Tool, ToolEnv, ToolError
 
 
 class DiceEnv(ToolEnv):
@@ -31,8 +31,8 @@ class DiceEnv(ToolEnv):
 
         sides: number of faces
         """
-        if sides < 1:
-            raise ValueError("a die needs at least one side")
+        if not 1 <= sides <= 1000:
+            raise ToolError(f"expected 1 to 1000 sides, got {sides}")
         value = int(self.np_random.integers(1, sides + 1))
         self.total += value
         self.rolls += 1
