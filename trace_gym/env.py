@@ -345,8 +345,10 @@ class ToolEnv(TextEnv):
         return {"tools": [t.schema() for t in self.tool_map.values()]}
 
     def turn(self, action: str) -> Turn:
-        """Parse ``action`` with the env's parser: an answer is scored by ``verify`` and ends the episode; tool calls
-        run, one tool message each; a malformed action gets an error observation."""
+        """Parse ``action`` with the env's parser: an answer is scored by ``verify`` and ends the episode; a
+        malformed action gets one error observation. Tool calls run in order, each answered in its own tool message
+        (its result, or ``Error: ...`` for a call that failed, while the others still run: a model that sent one
+        bad call among good ones sees which); the observation joins them, and ``info["error"]`` joins the errors."""
         parsed = self.parser.parse(action, self.tool_map)
         if parsed.error is not None:
             return Turn(f"Error: {parsed.error}", info={"error": parsed.error})

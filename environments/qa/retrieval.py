@@ -40,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_gym.environments.records import read_json
-from trace_gym.errors import ConfigError, DataError
+from trace_gym.errors import ConfigError, DataError, ToolError
 
 __all__ = [
     "BM25Index",
@@ -437,7 +437,8 @@ def format_passages(passages: Sequence[Passage], max_chars: int = 0, texts: Sequ
 
 
 class SearchEngine:
-    """The search tool's behaviour: query text in, numbered passages out; never raises on a query.
+    """The search tool's behaviour: query text in, numbered passages out. A blank query is the model's mistake
+    (``ToolError``, which the env answers with an error observation); nothing else raises on a query.
 
     ``title_first``: passages titled exactly as the query come first. ``window``: "query" shows a long
     passage's opening plus its part that best matches the query; "head" only its first ``max_chars``."""
@@ -479,7 +480,7 @@ class SearchEngine:
     def __call__(self, query: str) -> str:
         query = str(query)[: self.max_query_chars]
         if not query.strip():
-            return "Error: empty search query; write the words to search for."
+            raise ToolError("empty search query; write the words to search for")
         hits = [self.index.passages[i] for i in self.ranked(query)]
         if not hits:
             return f"No passages found for {query!r}; try other keywords."

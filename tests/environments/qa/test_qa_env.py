@@ -216,8 +216,24 @@ def test_adversarial_actions_never_raise(cache: Path, actions: list[str], action
         if terminated or truncated:
             assert info["stop_reason"] in ("answer", "max_turns")
             break
-        if "error" in info:
-            assert obs.startswith("Error")
+        # Each call gets its own tool message (its result or "Error: ..."); a turn that makes no call, one error.
+        messages = info["messages"]
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        replies = [m["content"] for m in messages[last + 1:]]
+        shown = [r for r in replies if r.startswith("Error: ")]
+        assert ("error" in info) == bool(shown), (info.get("error"), replies)
+        assert all(r[len("Error: "):] in info["error"] for r in shown)
+        assert obs == "\n\n".join(replies)
+
+
+def test_a_valid_call_and_a_bad_one_are_each_answered(cache: Path) -> None:
+    env = make(cache, max_turns=6)
+    env.reset(seed=0)
+    obs, *_, info = env.step('<tool_call>{"name": "search", "arguments": {"query": "Lisbon"}}</tool_call>'
+                             '<tool_call>{"name": "", "arguments": {}}</tool_call>')
+    result, error = (m["content"] for m in info["messages"][-2:])
+    assert result.startswith("Doc 1") and error == "Error: unknown tool ''; available tools: search"
+    assert obs == result + "\n\n" + error and info["error"] == error[len("Error: "):]
 
 
 # ----------------------------------------------------------------- shared index, snapshots, data sources
