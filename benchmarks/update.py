@@ -138,9 +138,9 @@ def tree_tokens(trees: Sequence[RolloutTree]) -> int:
             inner.update(path[:-1])
         if not on_path:
             continue
-        total += len(tree.root.meta.get("prompt_ids", []))
+        total += len(tree.root.prompt_ids or [])
         total += sum(len(tree[n].token_ids or []) for n in on_path if n != 0)
-        total += sum(len(tree[n].meta.get("obs_ids", [])) for n in inner if n != 0)
+        total += sum(len(tree[n].obs_ids or []) for n in inner if n != 0)
     return total
 
 

@@ -27,6 +27,17 @@ def json_safe(info: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_RECORD = ("prompt_ids", "obs_ids", "finish_reason", "prompt_tokens")
+
+
+def _typed_record(node: Mapping[str, Any]) -> dict[str, Any]:
+    """A node dict with a token record saved in ``meta`` (trees written before it had fields) moved to its
+    fields."""
+    meta = dict(node.get("meta") or {})
+    moved = {k: meta.pop(k) for k in _RECORD if k in meta and node.get(k) is None}
+    return {**node, **moved, "meta": meta}
+
+
 @dataclass
 class Node:
     """One turn. The root (``id`` 0, ``depth`` 0) holds the prompt as its observation and no action."""
@@ -41,9 +52,14 @@ class Node:
     truncated: bool = False
     children: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    # The token record, written by a collector given a tokenizer (training/rollout/collector.py).
     token_ids: list[int] | None = None  # the action's sampled token ids
     logprobs: list[float] | None = None  # behaviour logprobs of those tokens
-    meta: dict[str, Any] = field(default_factory=dict)  # predictor value, allocation decisions, ...
+    prompt_ids: list[int] | None = None  # the root only: the rendered prompt's ids
+    obs_ids: list[int] | None = None  # a non-terminal node: the template's ids of what followed the action
+    finish_reason: str | None = None  # why the action's generation stopped ("stop", "length")
+    prompt_tokens: int | None = None  # the length of the context the action was sampled after
+    meta: dict[str, Any] = field(default_factory=dict)  # the viewer's annotations (training/viz/annotations.py)
 
     @property
     def is_terminal(self) -> bool:
@@ -141,7 +157,7 @@ class RolloutTree:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutTree:
         """The tree that ``to_dict()`` gave ``data``."""
-        nodes = [Node(**n) for n in data["nodes"]]
+        nodes = [Node(**_typed_record(n)) for n in data["nodes"]]
         if not nodes or nodes[0].parent is not None:
             raise TraceGymError("expected a tree dict whose first node is the root (parent None)")
         tree = cls(str(data["task_id"]), nodes[0].observation)

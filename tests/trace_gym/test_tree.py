@@ -72,3 +72,18 @@ def test_structure_invariants(tree):
 def test_json_round_trip(tree):
     again = RolloutTree.from_json(tree.to_json())
     assert again.to_dict() == tree.to_dict()
+
+
+def test_a_token_record_saved_in_meta_loads_into_the_typed_fields():
+    tree = RolloutTree("t", "prompt")
+    tree.add(0, "a", "obs")
+    data = tree.to_dict()
+    for node in data["nodes"]:
+        for key in ("prompt_ids", "obs_ids", "finish_reason", "prompt_tokens"):
+            node.pop(key)
+    data["nodes"][0]["meta"] = {"prompt_ids": [1, 2], "predicted": 0.5}
+    data["nodes"][1]["meta"] = {"obs_ids": [3], "finish_reason": "stop", "prompt_tokens": 2}
+    loaded = RolloutTree.from_dict(data)
+    assert loaded.root.prompt_ids == [1, 2] and loaded.root.meta == {"predicted": 0.5}
+    assert (loaded[1].obs_ids, loaded[1].finish_reason, loaded[1].prompt_tokens, loaded[1].meta) == (
+        [3], "stop", 2, {})

@@ -77,7 +77,7 @@ class TraceGymRollout:
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
         from trace_gym.agents.hf import HFPolicy
         from trace_gym.agents.policy import SamplingParams, sample_seed
-        from trace_gym.training.rollout.collector import TreeCollector
+        from trace_gym.training.rollout.collector import TreeCollector, path_tokens
 
         tasks = [self.task_of(p) for p in prompts]
         counts: dict[str, int] = defaultdict(int)
@@ -105,21 +105,17 @@ class TraceGymRollout:
         for task in tasks:
             leaf = leaves[task.id].pop(0)
             tree = trees[task.id]
-            ids: list[int] = []
+            record, segments = path_tokens(tree, leaf.id)
+            prompt_end = segments[0].end
             mask: list[int] = []
             logps: list[float] = []
-            for node in tree.path(leaf.id)[1:]:
-                action = list(node.token_ids or [])
-                ids += action
-                mask += [1] * len(action)
-                logps += list(node.logprobs) if node.logprobs and len(node.logprobs) == len(action) else \
-                    [0.0] * len(action)
-                obs = list(node.meta.get("obs_ids", []))
-                ids += obs
-                mask += [0] * len(obs)
-                logps += [0.0] * len(obs)
-            out["prompt_ids"].append(list(tree.root.meta["prompt_ids"]))
-            out["completion_ids"].append(ids)
+            for seg in segments[1:]:
+                n = seg.end - seg.start
+                sampled = seg.kind == "action"
+                mask += [int(sampled)] * n
+                logps += list(seg.logprobs) if sampled and seg.logprobs and len(seg.logprobs) == n else [0.0] * n
+            out["prompt_ids"].append(record[:prompt_end])
+            out["completion_ids"].append(record[prompt_end:])
             out["env_mask"].append(mask)
             out["logprobs"].append(logps)
             out["env_reward"].append(float(leaf.reward))

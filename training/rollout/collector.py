@@ -14,10 +14,11 @@ collector) are the stages' building blocks, which Ray workers (ray_workers.py) c
 Budget: every started rollout is one trajectory and ends in exactly one new leaf; generated tokens, env
 steps, tool calls and generate calls are counted beside.
 
-Token record (when a tokenizer is given): the root keeps `meta["prompt_ids"]` (the rendered prompt), every
-node keeps its sampled `token_ids`/`logprobs` and, when not terminal, `meta["obs_ids"]` (the template's
-rendering of what followed: observation messages and the next generation prompt). `context_ids(tree, node)`
-rebuilds exactly the ids its action was sampled after (agents/chat.py's `Conversation` rules).
+Token record (when a tokenizer is given), in the nodes' typed fields: the root keeps `prompt_ids` (the
+rendered prompt), every node keeps its sampled `token_ids`/`logprobs`, `finish_reason` and `prompt_tokens` and,
+when not terminal, `obs_ids` (the template's rendering of what followed: observation messages and the next
+generation prompt). `path_tokens(tree, node)` reads the record along a path (agents/chat.py's `Conversation`
+rules); `context_ids(tree, node)` is exactly the ids its action was sampled after.
 
 Choices:
 1. A branch whose next prompt would exceed `max_context` tokens is cut: its node becomes a leaf with
@@ -39,7 +40,7 @@ import gymnasium as gym
 
 from trace_gym.agents.chat import Conversation, Segment
 from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams, sample_seed
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
@@ -140,29 +141,37 @@ class _Branch:
     done: bool = False
 
 
+def path_tokens(tree: RolloutTree, node_id: int) -> tuple[list[int], list[Segment]]:
+    """The token record from the root through ``node_id``'s action and observation: the ids and their segments
+    (the prompt, then each node's action and observation; a terminal node's observation is empty)."""
+    path = tree.path(node_id)
+    if path[0].prompt_ids is None:
+        raise TraceGymError(f"expected a token record on tree {tree.task_id!r}, got a root without prompt_ids; "
+                            "fix: collect with a tokenizer (TreeCollector(..., tokenizer=...))")
+    ids = list(path[0].prompt_ids)
+    segments = [Segment("prompt", 0, len(ids))]
+    for node in path[1:]:
+        if node.token_ids is None or (node.obs_ids is None and not node.is_terminal):
+            raise TraceGymError(f"expected the token record of node {node.id} of tree {tree.task_id!r}, got "
+                                f"token_ids={node.token_ids is not None}, obs_ids={node.obs_ids is not None}")
+        segments.append(Segment("action", len(ids), len(ids) + len(node.token_ids), node.logprobs))
+        ids.extend(node.token_ids)
+        obs = node.obs_ids or []
+        segments.append(Segment("observation", len(ids), len(ids) + len(obs)))
+        ids.extend(obs)
+    return ids, segments
+
+
 def context_ids(tree: RolloutTree, node_id: int) -> list[int]:
     """The token ids that node `node_id`'s action was sampled after (prompt, earlier actions, observations)."""
-    path = tree.path(node_id)
-    ids = list(path[0].meta.get("prompt_ids", []))
-    for node in path[1:-1]:
-        ids.extend(node.token_ids or [])
-        ids.extend(node.meta.get("obs_ids", []))
-    return ids
+    ids, segments = path_tokens(tree, node_id)
+    return ids[:segments[-2].start] if node_id != 0 else ids
 
 
 def conversation_at(tokenizer: Any, tree: RolloutTree, node_id: int, messages: Sequence[Mapping[str, Any]]
                     ) -> Conversation:
     """The token record after ``node_id``'s observation, rebuilt from the tree (the layout above)."""
-    path = tree.path(node_id)
-    ids = list(path[0].meta.get("prompt_ids", []))
-    segments = [Segment("prompt", 0, len(ids))]
-    for node in path[1:]:
-        action = node.token_ids or []
-        segments.append(Segment("action", len(ids), len(ids) + len(action), node.logprobs))
-        ids.extend(action)
-        obs = node.meta.get("obs_ids", [])
-        segments.append(Segment("observation", len(ids), len(ids) + len(obs)))
-        ids.extend(obs)
+    ids, segments = path_tokens(tree, node_id)
     return Conversation(tokenizer, [dict(m) for m in messages], None, ids, segments)
 
 
@@ -237,7 +246,7 @@ class TreeCollector:
         if self.tokenizer is not None:
             conv = Conversation.start(self.tokenizer, info["messages"])
             state.convs[0] = conv
-            wrapper.tree.root.meta["prompt_ids"] = list(conv.ids)  # type: ignore[union-attr]
+            wrapper.tree.root.prompt_ids = list(conv.ids)  # type: ignore[union-attr]
         self._trees[task_id] = state
         return wrapper.tree  # type: ignore[return-value]
 
@@ -316,7 +325,7 @@ class TreeCollector:
             ids = [int(self.tokenizer.eos_token_id)]
         node.token_ids = ids
         node.logprobs = [float(x) for x in g.logprobs] if g.logprobs else None
-        node.meta.update(finish_reason=g.finish_reason, prompt_tokens=g.prompt_tokens)
+        node.finish_reason, node.prompt_tokens = g.finish_reason, g.prompt_tokens
         stats.env_steps += 1
         stats.generated_tokens += len(g.token_ids)
         stats.tool_calls += int(info.get("tool_calls", 0) or 0)
@@ -331,7 +340,7 @@ class TreeCollector:
             conv = state.convs[b.node].copy()
             conv.add_action(ids, g.text, g.logprobs or None)
             new = messages[len(parent_messages) + 1:] or [{"role": "tool", "content": obs}]
-            node.meta["obs_ids"] = conv.add_observation(new)
+            node.obs_ids = conv.add_observation(new)
             state.convs[node.id] = conv
             if len(conv.ids) + self.sampling.max_new_tokens > self.max_context:
                 node.truncated = True

@@ -9,8 +9,8 @@ Keys of ``node.meta`` that `viewer.py` reads (and nothing else writes):
 - ``root_extra``: on a root, continuations spent there because the prompt had no open prefix.
 - ``advantage``: the node's advantage in the policy update (trained nodes only).
 
-The collector's token record (``prompt_ids``, ``obs_ids``, ``finish_reason``, ``prompt_tokens``) also lives in
-``node.meta``; the viewer lists such keys as they are.
+Other keys (written by a user's own code) the viewer lists as they are. The collector's token record has typed
+fields of its own (``Node.prompt_ids``, ``obs_ids``, ...).
 """
 
 from __future__ import annotations

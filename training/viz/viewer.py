@@ -137,7 +137,7 @@ def split_action(action: str, tool_names: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def _short(value: Any) -> Any:
-    """Token-id lists (prompt_ids, obs_ids, ...) summarised: they are large and unreadable on the page."""
+    """Long lists of ints (token ids) summarised: they are large and unreadable on the page."""
     if isinstance(value, list) and len(value) > 16 and all(isinstance(v, int) for v in value):
         return f"[{len(value)} ints]"
     return value
@@ -166,6 +166,8 @@ def _tree_data(record: TreeRecord, systems: dict[str, int]) -> dict[str, Any]:
     for node in tree.nodes:
         info = {k: v for k, v in node.info.items() if k not in ("messages", "tools")}
         meta = dict(node.meta)
+        if node.finish_reason is not None:  # the generation's own record, shown beside the annotations
+            meta.update(finish_reason=node.finish_reason, prompt_tokens=node.prompt_tokens)
         predicted, alloc = meta.pop("predicted", None), meta.pop("alloc", None)
         advantage, root_extra = meta.pop("advantage", None), meta.pop("root_extra", None)
         nodes.append({

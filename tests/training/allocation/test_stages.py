@@ -103,11 +103,18 @@ def test_fit_predictor_scores_before_it_fits_and_against_exact_values():
     assert m["predictor/loss_after"] < m["predictor/loss_before"]
 
 
+def record_tokens(trees, action=(1, 2), logprob=-0.5):
+    """Give every tree the token record a collector with a tokenizer writes (same ids on every turn)."""
+    for tree in trees.values():
+        tree.root.prompt_ids = [0]
+        for node in tree.nodes[1:]:
+            node.token_ids, node.logprobs = list(action), [logprob] * len(action)
+            node.obs_ids = None if node.is_terminal else [3]
+
+
 def test_build_samples_records_every_advantage_and_skips_untrainable_nodes():
     trees, *_ = planned_step()
-    for tree in trees.values():
-        for node in tree.nodes[1:]:
-            node.token_ids, node.logprobs = [1, 2], [-0.5, -0.5]
+    record_tokens(trees)
     out = build_samples(trees, "tree_grpo", skip_zero=True)
     nonzero = [a for advs in out.advantages.values() for a in advs.values() if abs(a) > 1e-8]
     assert len(out.samples) == len(nonzero) > 0

@@ -102,7 +102,7 @@ def test_eval_of_a_model_folder_built_by_model_init(capsys, tmp_path):
     # a model policy records the exact sampled token ids, at most --max-new-tokens per turn
     turns = [n for t in trees for n in t.tree.nodes[1:]]
     assert turns and all(1 <= len(n.token_ids) <= 4 for n in turns)
-    assert all(t.tree.root.meta.get("prompt_ids") for t in trees)
+    assert all(t.tree.root.prompt_ids for t in trees)
 
 
 # ----------------------------------------------------------------------------- an OpenAI-compatible server

@@ -97,7 +97,7 @@ def test_token_record_reproduces_behaviour_logprobs(nano_dir):
         for tree in collector.trees.values():
             for node in tree.nodes[1:]:
                 ctx = context_ids(tree, node.id)
-                assert len(ctx) == node.meta["prompt_tokens"]
+                assert len(ctx) == node.prompt_tokens
                 ids = torch.tensor([ctx + node.token_ids])
                 with torch.no_grad():
                     lp = sequence_logprobs(policy.model, ids, temperature=0.8)[0, len(ctx) - 1:]
@@ -167,3 +167,20 @@ def test_every_collector_refuses_the_same_bad_starts(kind):
         collector.close()
         if env is not None:
             env.close()
+
+
+def test_a_tree_without_a_token_record_is_refused_not_read_as_empty():
+    from trace_gym.errors import TraceGymError
+
+    tree = RolloutTree("t", "prompt")
+    node = tree.add(0, "a", "obs", terminated=True)
+    node.token_ids, node.logprobs = [5], [-0.1]
+    with pytest.raises(TraceGymError, match="without prompt_ids"):
+        context_ids(tree, node.id)
+    tree.root.prompt_ids = [1, 2]
+    assert context_ids(tree, node.id) == [1, 2]
+    inner = tree.add(0, "b", "obs")
+    inner.token_ids = [6]
+    leaf = tree.add(inner.id, "c", "end", terminated=True)
+    with pytest.raises(TraceGymError, match=f"node {inner.id}"):
+        context_ids(tree, leaf.id)  # the inner node's observation ids are missing

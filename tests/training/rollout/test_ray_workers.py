@@ -188,7 +188,8 @@ def _same_trees(got: dict, want: dict) -> None:
         for a, b in zip(got[tid].nodes, want[tid].nodes, strict=True):
             assert (a.action, a.token_ids, a.observation, a.parent, a.reward) == (b.action, b.token_ids,
                                                                                  b.observation, b.parent, b.reward)
-            assert a.meta == b.meta
+            assert (a.meta, a.prompt_ids, a.obs_ids, a.finish_reason, a.prompt_tokens) == (
+                b.meta, b.prompt_ids, b.obs_ids, b.finish_reason, b.prompt_tokens)
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.training.allocation.test_stages import planned_step
+from tests.training.allocation.test_stages import planned_step, record_tokens
 from trace_gym.training.allocation.stages import build_samples
 from trace_gym.training.viz.annotations import SCHEMA_KEYS, annotate
 from trace_gym.training.viz.viewer import load_trees, page_data
@@ -15,9 +15,7 @@ from trace_gym.tree import RolloutTree
 
 def annotated():
     trees, roots, plan, _ = planned_step()
-    for tree in trees.values():
-        for node in tree.nodes[1:]:
-            node.token_ids, node.logprobs = [1], [-1.0]
+    record_tokens(trees, action=(1,), logprob=-1.0)
     samples = build_samples(trees, "tree_grpo")
     annotate(trees, roots, plan, samples)
     return trees, roots, plan, samples
