@@ -92,7 +92,7 @@ ENV_OVERRIDES: dict[str, list[str]] = {  # per env: config overrides on top of c
     "trace/Arithmetic-v0": [],
     # Tag format (compact prompt) and short observations: episodes of ~750 byte tokens fit the tiny model's SFT
     # and rollout context; 16 episodes per SFT step keep the warm start near 9 minutes on 2 cores.
-    "trace/HotpotQA-v0": ["env.kwargs={action_format: tags, top_k: 1, max_passage_chars: 200}",
+    "trace/HotpotQA-v0": ["env.kwargs={action_format: tags, top_k: 1, max_passage_chars: 200}", "sft.expert={}",
                           "env.eval_kwargs={}", "rollout.max_context=2048", "sft.batch_size=16"],
 }
 
@@ -111,10 +111,13 @@ def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> A
                                     *ENV_OVERRIDES.get(env_id, []), *overrides])
 
 
-def warm_model(env_id: str) -> str:
-    """Build and SFT the tiny model on ``env_id``'s scripted expert once (cached); returns the model folder."""
+def warm_model(env_id: str, name: str | None = None, overrides: Sequence[str] = ()) -> str:
+    """Build and SFT the tiny model on ``env_id``'s scripted expert once (cached under runs/bench/``name``,
+    default the env's short name; ``overrides`` change the warm start's config); returns the model folder."""
     from trace_gym.env_specs import env_factory
     from trace_gym.training.driver.warm_start import warm_start
 
-    cfg = train_config(env_id, BENCH_RUNS / env_short(env_id) / "warm")
+    base = BENCH_RUNS / (name or env_short(env_id))
+    cfg = train_config(env_id, base / "warm", [f"model.path={base}/model-init", f"sft.output={base}/model-sft",
+                                               *overrides])
     return warm_start(cfg, env_factory(cfg.env.id, cfg.env.kwargs))

@@ -1,18 +1,21 @@
 """Learning at equal budget: held-out gain against trajectories and generated tokens, tiny model on Arithmetic.
 
-Every run starts from the same warm start (the quickstart's SFT of the tiny model) and trains with the
-quickstart's update (AdamW 2e-5, mini-batch 32) and budget (256 trajectories per step: 128 roots x (1 + 1));
-runs differ only in the allocator (grpo, pcl, treepo, trace, trace_adaptive) and the seed. A second table keeps
-trace and the total and changes the budget shape, roots M x continuations N (the paper's Table 2, small).
+Every run starts from the same warm start and trains with the quickstart's update (AdamW 2e-5, mini-batch 32)
+and budget (256 trajectories per step: 128 roots x (1 + 1)); runs differ only in the allocator (grpo, pcl,
+treepo, trace, trace_adaptive) and the seed. A second table keeps trace and the total and changes the budget
+shape, roots M x continuations N (the paper's Table 2, small).
 
-The task is Arithmetic at ``--difficulty`` (default 2: 1-2 operators, partly outside the warm start's mix, so
-most of grpo's groups are all-success or all-failure, the paper's regime) drawn from ``--tasks`` training
-prompts, so that prompts come back every few steps as in epoch-based RL. Held-out: the first ``--eval-tasks``
-prompts of another task seed at the same difficulty, before and after training (and every ``--eval-every``
-steps): sampled success (T = 1, ``--eval-samples`` episodes per prompt, fresh seeds) and the teacher-forced
-probability of the expert's trajectory. Gains are paired per prompt within a run (`Trainer.held_out_gain`)
-and their mean and 95% interval are then taken over seeds. Beside them: mixed prompts per step, contrastive
-pairs per 1k generated tokens, the effective ratio (share of a step's trees with both outcomes).
+The pool mixes difficulty tiers as real math sets mix GSM8K- and AIME-level problems (``TIERS``): one the warm
+start solves only sometimes (it learned to guess there: the expert answered half of those episodes without the
+tool), one it almost always solves with the tool, and one it never solves (five operators on 3-digit
+numbers, outside its SFT). Most of grpo's groups are then all-success or all-failure, the regime TRACE is
+for. ``--tasks`` training prompts come back every few steps as in epoch-based RL. Held-out: ``--eval-tasks``
+prompts of another task seed from the same tiers, before and after training (and every ``--eval-every``
+steps): sampled success (T = 1, ``--eval-samples`` episodes per prompt, fresh seeds), tool use, and the
+teacher-forced probability of the expert's trajectory. Gains are paired per prompt within a run
+(`Trainer.held_out_gain`) and their mean and 95% interval are then taken over seeds. Beside them: mixed
+prompts per step, contrastive pairs per 1k generated tokens, the effective ratio (share of a step's trees with
+both outcomes).
 
 Writes benchmarks/results/learning[_quick].json and .png (the full run also docs/img/learning.png); prints
 the tables.
@@ -48,6 +51,13 @@ from _common import (
 )
 
 ENV = "trace/Arithmetic-v0"
+# The training and held-out pool: shares and generator settings per tier (ArithmeticEnv(tiers=...)).
+TIERS = {"guess": {"share": 0.3, "min_ops": 1, "max_ops": 1, "min_digits": 1, "max_digits": 2},
+         "tool": {"share": 0.35, "min_ops": 2, "max_ops": 2, "min_digits": 1, "max_digits": 1},
+         "hard": {"share": 0.35, "min_ops": 5, "max_ops": 5, "min_digits": 3, "max_digits": 3}}
+# The warm start's SFT: the two tiers it can learn, an expert that guesses on half of the "guess" episodes.
+SFT_TIERS = {k: {**TIERS[k], "share": 0.5} for k in ("guess", "tool")}
+EXPERT = {"guess": 0.5, "guess_tiers": ["guess"]}
 ALLOCATORS = ("grpo", "pcl", "treepo", "trace", "trace_adaptive")
 BUDGET = (128, 1)  # roots M x continuations N: 256 trajectories per step, the quickstart's budget
 
@@ -61,9 +71,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(job["threads"])
     run_dir = BENCH_RUNS / "arithmetic" / "learn" / job["tag"] / f"{job['allocator']}-{job['seed']}"
-    kwargs = {"n_tasks": job["tasks"], "task_seed": 0, "word_fraction": 0.0}
-    if job["difficulty"] is not None:
-        kwargs["difficulty"] = job["difficulty"]
+    kwargs = {"n_tasks": job["tasks"], "task_seed": 0, "word_fraction": 0.0, "tiers": TIERS}
     overrides = [f"model.path={job['model']}", "sft.enabled=false", f"seed={job['seed']}",
                  f"env.kwargs={json.dumps(kwargs)}", f"env.eval_kwargs.n_tasks={job['eval_tasks']}",
                  f"alloc.allocator={job['allocator']}", f"alloc.roots={job['roots']}",
@@ -88,7 +96,8 @@ def curve(run: dict[str, Any]) -> list[dict[str, float]]:
         if "eval/success" in row:
             first = out[0] if out else {"success": row["eval/success"], "expert": row["eval/expert_prob"]}
             out.append({"trajectories": trajectories, "tokens": tokens, "success": row["eval/success"],
-                        "expert": row["eval/expert_prob"], "success_gain": row["eval/success"] - first["success"],
+                        "expert": row["eval/expert_prob"], "tool_use": row.get("eval/tool_use", float("nan")),
+                        "success_gain": row["eval/success"] - first["success"],
                         "expert_gain": row["eval/expert_prob"] - first["expert"]})
     return out
 
@@ -99,6 +108,18 @@ def versus(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[s
     base = {r["seed"]: r["summary"]["gain"] for r in baseline}
     return {k: mean_ci([r["summary"]["gain"][k]["mean"] - base[r["seed"]][k]["mean"] for r in runs
                         if r["seed"] in base]) for k in ("success", "expert")}
+
+
+def mixed_per_step(run: dict[str, Any]) -> float:
+    """Mean over a run's steps of its mixed prompts (effective ratio x prompts rolled out)."""
+    rows = [row for row in run["rows"] if "alloc/effective_ratio" in row]
+    return float(np.nanmean([row["alloc/effective_ratio"] * row["rollout/prompts"] for row in rows]))
+
+
+def mixed_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, float]:
+    """Mixed prompts per step over the baseline's, seed by seed, then mean and 95% interval over seeds."""
+    base = {r["seed"]: mixed_per_step(r) for r in baseline}
+    return mean_ci([mixed_per_step(r) / base[r["seed"]] for r in runs if r["seed"] in base and base[r["seed"]] > 0])
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,10 +136,12 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "success_after": mean_ci([x["success_after"] for x in s]),
             "gain_success": mean_ci([x["gain"]["success"]["mean"] for x in s]),
             "gain_expert": mean_ci([x["gain"]["expert"]["mean"] for x in s]),
+            "tool_use_before": mean_ci([x.get("tool_use_before", float("nan")) for x in s]),
+            "tool_use_after": mean_ci([x.get("tool_use_after", float("nan")) for x in s]),
             "gain_per_seed": [{k: x["gain"][k] for k in ("success", "expert")} for x in s],
             "effective_ratio": per_step("alloc/effective_ratio"),
-            "mixed_per_step": mean_ci([float(np.nanmean([row["alloc/effective_ratio"] * row["rollout/prompts"]
-                                                         for row in rows])) for rows in steps]),
+            "effective_ratio_first": mean_ci([rows[0]["alloc/effective_ratio"] for rows in steps if rows]),
+            "mixed_per_step": mean_ci([mixed_per_step(r) for r in runs]),
             "pairs_per_1k_tokens": per_step("alloc/pairs_per_1k_tokens"),
             "trajectories": mean_ci([x["trajectories"] for x in s]),
             "generated_tokens": mean_ci([x["generated_tokens"] for x in s]),
@@ -129,7 +152,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for name, g in result["allocators"].items():
-        for ax, x_key, y_key in ((axes[0], "trajectories", "expert_gain"), (axes[1], "tokens", "success_gain")):
+        for ax, x_key, y_key in ((axes[0], "trajectories", "success_gain"), (axes[1], "tokens", "success_gain")):
             x = np.array([p[x_key]["mean"] for p in g["curve"]])
             m = np.array([p[y_key]["mean"] for p in g["curve"]])
             ci = np.nan_to_num(np.array([p[y_key]["ci95"] for p in g["curve"]], float))
@@ -137,18 +160,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.fill_between(x, m - ci, m + ci, alpha=0.12)
     st = result["settings"]
     axes[0].set_xlabel("trajectories spent")
-    axes[0].set_ylabel("held-out gain, P(expert trajectory)")
     axes[1].set_xlabel("generated tokens")
-    axes[1].set_ylabel(f"held-out gain, success (T=1, {st['eval_samples']} samples/prompt)")
     for ax in axes[:2]:
-        ax.set_title(f"Arithmetic level {st['difficulty']}, tiny model, {st['seeds']} seeds (95% CI)", fontsize=9)
+        ax.set_ylabel(f"held-out gain, success (T=1, {st['eval_samples']} samples/prompt)")
+        ax.set_title(f"Arithmetic tiers {'/'.join(TIERS)}, tiny model, {st['seeds']} seeds (95% CI)", fontsize=9)
         ax.legend(fontsize=8)
     shapes = {f"{k}\nratio {g['effective_ratio']['mean']:.2f}": g for k, g in result["shapes"].items()}
     if shapes:
-        ci_bars(axes[2], shapes, (("gain_expert", "tab:green"),))
+        ci_bars(axes[2], shapes, (("gain_success", "tab:green"),))
         axes[2].relim()
-        axes[2].autoscale(axis="y")  # ci_bars' 0-1 range suits ratios, not gains of ~0.01
-    axes[2].set_ylabel("held-out gain, P(expert trajectory)")
+        axes[2].autoscale(axis="y")  # ci_bars' 0-1 range suits ratios, not gains
+    axes[2].set_ylabel("held-out gain, success")
     axes[2].set_title("trace, budget shape M roots x N continuations (equal total)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -156,14 +178,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def print_tables(by_alloc: dict[str, Any], by_shape: dict[str, Any]) -> None:
-    cols = ("success_before", "gain_success", "gain_expert", "expert_vs_grpo", "effective_ratio", "mixed_per_step",
-            "pairs_per_1k_tokens", "generated_tokens")
+    cols = ("success_before", "gain_success", "success_vs_grpo", "tool_use_before", "tool_use_after",
+            "effective_ratio", "mixed_per_step", "mixed_vs_grpo", "pairs_per_1k_tokens", "generated_tokens")
     for title, rows in (("allocators (256 trajectories per step)", by_alloc), ("trace budget shapes", by_shape)):
         print(f"\n{title}")
-        print(f"{'':16s}" + "".join(f"{c:>22s}" for c in cols))
+        print(f"{'':16s}" + "".join(f"{c:>20s}" for c in cols))
         for name, g in rows.items():
-            print(f"{name:16s}" + "".join(f"{fmt(g[c], 0 if c == 'generated_tokens' else 3) if c in g else '-':>22s}"
+            print(f"{name:16s}" + "".join(f"{fmt(g[c], 0 if c == 'generated_tokens' else 3) if c in g else '-':>20s}"
                                           for c in cols))
+
+
+def print_targets(by_alloc: dict[str, Any]) -> None:
+    """The comparison the benchmark exists for, against grpo at equal trajectories."""
+    if "grpo" not in by_alloc:
+        return
+    grpo = by_alloc["grpo"]
+    print(f"\ngrpo's effective ratio at the warm start: {grpo['effective_ratio_first']['mean']:.3f} (regime: < 0.4)")
+    for name in ("trace", "trace_adaptive"):
+        if name in by_alloc:
+            g = by_alloc[name]
+            print(f"{name}: mixed prompts per step {g['mixed_vs_grpo']['mean']:.2f}x grpo's (target >= 1.5); "
+                  f"sampled gain minus grpo's {fmt(g['success_vs_grpo'], 3)} (target >= 0)")
 
 
 def tabulate(runs: list[dict[str, Any]], allocators: Sequence[str], shapes: Sequence[tuple[int, int]]
@@ -174,7 +209,9 @@ def tabulate(runs: list[dict[str, Any]], allocators: Sequence[str], shapes: Sequ
     for a in allocators:
         if grpo and a != "grpo":
             vs = versus([r for r in runs if r["tag"] == "alloc" and r["allocator"] == a], grpo)
-            by_alloc[a].update({"success_vs_grpo": vs["success"], "expert_vs_grpo": vs["expert"]})
+            by_alloc[a].update({"success_vs_grpo": vs["success"], "expert_vs_grpo": vs["expert"],
+                                "mixed_vs_grpo": mixed_ratio([r for r in runs if r["tag"] == "alloc"
+                                                              and r["allocator"] == a], grpo)})
     by_shape = {f"{m}x{n}": aggregate([r for r in runs if r["allocator"] == "trace" and r["roots"] == m
                                        and r["multiplier"] == n]) for m, n in shapes} if "trace" in allocators else {}
     return by_alloc, by_shape
@@ -187,7 +224,6 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--allocators", nargs="*", default=None, choices=ALLOCATORS)
-    parser.add_argument("--difficulty", type=int, default=2, help="Arithmetic level; -1: the warm start's mix")
     parser.add_argument("--tasks", type=int, default=256, help="training prompts (revisited every few steps)")
     parser.add_argument("--eval-tasks", type=int, default=None)
     parser.add_argument("--eval-samples", type=int, default=2)
@@ -206,11 +242,12 @@ def main() -> None:
     eval_tasks = args.eval_tasks or (32 if quick else 200)
     allocators = tuple(args.allocators or (("grpo", "trace") if quick else ALLOCATORS))
     shapes = (BUDGET, (64, 3)) if quick else (BUDGET, (64, 3), (32, 7))  # equal total: 256 trajectories/step
-    difficulty = None if args.difficulty < 0 else args.difficulty
     start = time.perf_counter()
-    model = warm_model(ENV)
+    model = warm_model(ENV, "arithmetic-tiers", [
+        f"env.kwargs={json.dumps({'n_tasks': 2000, 'task_seed': 0, 'word_fraction': 0.0, 'tiers': SFT_TIERS})}",
+        f"sft.expert={json.dumps(EXPERT)}"])
     base = {"model": model, "steps": steps, "eval_every": args.eval_every, "eval_tasks": eval_tasks,
-            "eval_samples": args.eval_samples, "pool": 64, "tasks": args.tasks, "difficulty": difficulty,
+            "eval_samples": args.eval_samples, "pool": 64, "tasks": args.tasks,
             "threads": max(1, 2 // args.workers)}
     jobs = [{**base, "tag": "alloc", "allocator": a, "seed": s, "roots": BUDGET[0], "multiplier": BUDGET[1]}
             for a in allocators for s in range(seeds)]
@@ -230,7 +267,8 @@ def main() -> None:
                   f"success {gain['success']['mean']:+.3f}, expert {gain['expert']['mean']:+.3f} "
                   f"({r['summary']['wall_s']:.0f} s)", flush=True)
         runs = [f.result() for f in futures]
-    settings = {"env": ENV, "difficulty": difficulty, "tasks": args.tasks, "seeds": seeds, "steps": steps,
+    settings = {"env": ENV, "tiers": TIERS, "sft_tiers": SFT_TIERS, "expert": EXPERT, "tasks": args.tasks,
+                "seeds": seeds, "steps": steps,
                 "trajectories_per_step": BUDGET[0] * (1 + BUDGET[1]), "pool": 64, "eval_tasks": eval_tasks,
                 "eval_samples": args.eval_samples, "model": model, "allocators": allocators, "shapes": shapes}
     result = {"settings": settings, "runs": [{k: v for k, v in r.items() if k != "model"} for r in runs]}
@@ -249,6 +287,7 @@ def report(payload: dict[str, Any], name: str, quick: bool) -> None:
     result["allocators"], result["shapes"] = tabulate(runs, allocators, shapes)
     result["runs"] = runs
     print_tables(result["allocators"], result["shapes"])
+    print_targets(result["allocators"])
     path = write_json(name, payload)
     png = RESULTS / f"{name}.png"
     plot(result, png)

@@ -8,7 +8,10 @@ of operators and the operand size; see docs/measured.md ("The tiny model on Arit
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -95,3 +98,51 @@ def make_tasks(n: int, cfg: ArithmeticConfig | None = None, seed: int = 0) -> li
     rng = np.random.default_rng(seed)
     cfg = cfg or ArithmeticConfig()
     return [make_task(rng, cfg, i) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One difficulty tier of a mixed pool: its share of the tasks and its generator settings."""
+
+    name: str
+    share: float
+    config: ArithmeticConfig
+
+
+def parse_tiers(tiers: Mapping[str, Mapping[str, Any]]) -> list[Tier]:
+    """``{name: {share, min_ops, max_ops, min_digits, max_digits, word_fraction}}`` (YAML's form) as tiers."""
+    known = {f.name for f in dataclasses.fields(ArithmeticConfig)}
+    out = []
+    for name, spec in tiers.items():
+        if not isinstance(spec, Mapping) or "share" not in spec:
+            raise ConfigError(f"expected tier {name!r} as a mapping with a share, got {spec!r}; "
+                              "fix: tiers={easy: {share: 0.5, max_ops: 1}, hard: {share: 0.5, min_ops: 4}}")
+        extra = set(spec) - known - {"share"}
+        if extra:
+            raise ConfigError(f"expected tier {name!r} keys among {sorted(known | {'share'})}, got {sorted(extra)}")
+        share = float(spec["share"])
+        if share <= 0:
+            raise ConfigError(f"expected tier {name!r} share > 0, got {share}")
+        out.append(Tier(str(name), share, ArithmeticConfig(**{k: v for k, v in spec.items() if k != "share"})))
+    if not out:
+        raise ConfigError("expected at least one tier, got none; fix: leave tiers unset for one difficulty")
+    return out
+
+
+def make_tiered_tasks(n: int, tiers: Sequence[Tier], seed: int = 0) -> list[Task]:
+    """``n`` tasks drawn from ``tiers`` in proportion to their shares, shuffled; ``meta['tier']`` names each one's.
+
+    Counts are the shares' largest-remainder rounding of ``n``, so a pool holds its tiers' shares exactly.
+    """
+    rng = np.random.default_rng(seed)
+    total = sum(t.share for t in tiers)
+    exact = [n * t.share / total for t in tiers]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(tiers)), key=lambda i: counts[i] - exact[i])[: n - sum(counts)]:
+        counts[i] += 1
+    order = rng.permutation(np.repeat(np.arange(len(tiers)), counts))
+    tasks = []
+    for index, k in enumerate(order):
+        task = make_task(rng, tiers[int(k)].config, index)
+        tasks.append(dataclasses.replace(task, meta={**task.meta, "tier": tiers[int(k)].name}))
+    return tasks

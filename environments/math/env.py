@@ -28,7 +28,7 @@ from typing import Any, Literal
 from trace_gym.actions import ActionParser, HermesParser, ParsedAction, TagParser
 from trace_gym.env import TextEnv, ToolEnv, Turn
 from trace_gym.environments.math.answers import check_answer, format_gold, gsm8k_gold, last_boxed
-from trace_gym.environments.math.arithmetic import ArithmeticConfig, make_tasks
+from trace_gym.environments.math.arithmetic import ArithmeticConfig, make_tasks, make_tiered_tasks, parse_tiers
 from trace_gym.environments.records import Fields, Source, check_fields, find_column, read_records
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, SandboxSnapshot
 from trace_gym.errors import ConfigError, DataError
@@ -242,15 +242,16 @@ class ArithmeticEnv(MathEnv):
 
     def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | Mapping[str, Any] | None = None,
                  n_tasks: int = 2000, task_seed: int = 0, max_turns: int = 4, word_fraction: float | None = None,
-                 action_format: Literal["tags", "hermes"] = "tags", **kwargs: Any):
+                 action_format: Literal["tags", "hermes"] = "tags",
+                 tiers: Mapping[str, Mapping[str, Any]] | None = None, **kwargs: Any):
         ignored = sorted(set(kwargs) & {"dataset", "data_path", "from_hub", "fields"})
         if ignored:  # MathEnv's data settings: Arithmetic generates its tasks, it would drop them silently
             raise ConfigError(f"expected no {', '.join(ignored)} for trace/Arithmetic-v0 (it generates its tasks), "
                               f"got {', '.join(f'{k}={kwargs[k]!r}' for k in ignored)}; fix: set n_tasks, task_seed, "
                               "difficulty or config, or use trace/Math-v0 for a data file")
         super().__init__(dataset="math500", max_turns=max_turns, action_format=action_format, **kwargs)
-        if difficulty is not None and config is not None:
-            raise ConfigError("expected difficulty or config, got both; pass one")
+        if sum(x is not None for x in (difficulty, config, tiers)) > 1:
+            raise ConfigError("expected one of difficulty, config and tiers, got more; pass one")
         if isinstance(config, Mapping):  # from YAML or gym.make: {min_ops: 1, max_ops: 6, ...}
             known = {f.name for f in dataclasses.fields(ArithmeticConfig)}
             if set(config) - known:
@@ -259,12 +260,21 @@ class ArithmeticEnv(MathEnv):
         self.config = ArithmeticConfig.level(difficulty) if difficulty is not None else (config or ArithmeticConfig())
         if word_fraction is not None:  # settable from YAML/gym.make without building an ArithmeticConfig
             self.config = dataclasses.replace(self.config, word_fraction=word_fraction)
+        self.tiers = parse_tiers(tiers) if tiers is not None else None
+        if self.tiers is not None and word_fraction is not None:  # each tier carries its own
+            self.tiers = [dataclasses.replace(t, config=dataclasses.replace(t.config, word_fraction=word_fraction))
+                          for t in self.tiers]
         self.n_tasks, self.task_seed = n_tasks, task_seed
 
     def load_tasks(self) -> Sequence[Task]:
+        if self.tiers is not None:
+            return make_tiered_tasks(self.n_tasks, self.tiers, self.task_seed)
         return make_tasks(self.n_tasks, self.config, self.task_seed)
 
-    def expert(self, noise: float = 0.0, seed: int = 0) -> Any:
+    def expert(self, noise: float = 0.0, seed: int = 0, guess: float = 0.0,
+               guess_tiers: Sequence[str] | None = None) -> Any:
+        """The scripted expert; ``guess`` of its episodes answer at once without the tool (only on
+        ``guess_tiers`` when given)."""
         from trace_gym.environments.math.experts import ArithmeticExpert
 
-        return ArithmeticExpert(self.action_format, noise=noise, seed=seed)
+        return ArithmeticExpert(self.action_format, noise=noise, seed=seed, guess=guess, guess_tiers=guess_tiers)

@@ -1,7 +1,10 @@
 """Scripted experts for the math envs (the ``trace_gym.Expert`` protocol): SFT data and test drivers.
 
 - ``ArithmeticExpert`` writes the task's expression as a cell, then answers with the tool's output. Noise:
-  with probability ``noise`` one operand of the cell is off by one, so the answer is wrong.
+  with probability ``noise`` one operand of the cell is off by one, so the answer is wrong. Guessing: with
+  probability ``guess`` it answers at once without the tool (the gold answer, which an expert knows but a
+  policy that copies the habit must compute in its head): SFT on such episodes teaches a policy to skip the
+  tool in a share of episodes, a choice only the outcome shows to be wrong on hard prompts.
 - ``MathExpert`` (real datasets) computes the gold answer in a cell, then answers it. Noise: with probability
   ``noise`` it answers a wrong value instead.
 """
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from trace_gym.environments.math.env import make_parser, python_call
+from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
 
 
@@ -38,19 +42,37 @@ class _Expert:
 
 
 class ArithmeticExpert(_Expert):
-    """Expression cell, then the printed value as the answer."""
+    """Expression cell, then the printed value as the answer; or, with probability ``guess``, the answer at once.
+
+    ``guess_tiers`` limits guessing to tasks whose ``meta["tier"]`` is listed (None: every task).
+    """
+
+    def __init__(self, action_format: str = "tags", noise: float = 0.0, seed: int = 0, guess: float = 0.0,
+                 guess_tiers: Sequence[str] | None = None):
+        super().__init__(action_format, noise, seed)
+        if not 0.0 <= guess <= 1.0:
+            raise ConfigError(f"expected 0 <= guess <= 1, got {guess!r}; fix: guess=0.3")
+        self.guess = guess
+        self.guess_tiers = None if guess_tiers is None else frozenset(str(t) for t in guess_tiers)
 
     def act(self, task: Task, messages: Sequence[Mapping[str, Any]]) -> str:
         output = self.last_tool_output(messages)
         if output is not None:
             lines = output.strip().splitlines()
             return self.answer(lines[-1].strip() if lines else "")
+        if self._guesses(task):
+            return self.answer(str(task.answer))
         expr = str(task.meta.get("expression", task.answer))
         if self.noise > 0 and self.rng.random() < self.noise:
             nums = list(re.finditer(r"\d+", expr))
             m = nums[int(self.rng.integers(len(nums)))]
             expr = expr[: m.start()] + str(int(m.group()) + 1) + expr[m.end():]
         return self.call(f"print({expr})")
+
+    def _guesses(self, task: Task) -> bool:
+        if self.guess <= 0.0 or (self.guess_tiers is not None and task.meta.get("tier") not in self.guess_tiers):
+            return False
+        return bool(self.rng.random() < self.guess)
 
 
 class MathExpert(_Expert):

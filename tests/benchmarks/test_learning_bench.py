@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import aggregate, curve, versus
+from learning import aggregate, curve, mixed_ratio, versus
 
 
-def run(seed: int, gain: float, ratio: float) -> dict:
+def run(seed: int, gain: float, ratio: float, prompts: float = 40.0) -> dict:
     """A run as `train_run` returns it: the trainer's summary and its metrics rows (eval at steps 0 and 2)."""
-    step = {"rollout/trajectories": 256.0, "rollout/tokens": 1000.0 + seed, "rollout/prompts": 40.0,
+    step = {"rollout/trajectories": 256.0, "rollout/tokens": 1000.0 + seed, "rollout/prompts": prompts,
             "alloc/effective_ratio": ratio, "alloc/pairs_per_1k_tokens": 10.0 * ratio}
     rows = [{"step": 0, "eval/success": 0.5, "eval/expert_prob": 0.4},
             {"step": 1, **step},
@@ -51,3 +51,10 @@ def test_versus_subtracts_the_baseline_seed_by_seed() -> None:
     out = versus(ours, base)
     assert out["success"]["mean"] == pytest.approx(((0.3 - 0.2) + (0.1 - 0.05)) / 2)
     assert out["expert"]["mean"] == pytest.approx(((0.15 - 0.1) + (0.05 - 0.025)) / 2) and out["expert"]["n"] == 2
+
+
+def test_mixed_ratio_divides_mixed_prompts_per_step_seed_by_seed() -> None:
+    ours = [run(0, 0.0, 0.5, prompts=60.0), run(1, 0.0, 0.5, prompts=40.0)]
+    base = [run(1, 0.0, 0.25, prompts=40.0), run(0, 0.0, 0.25, prompts=40.0)]
+    out = mixed_ratio(ours, base)
+    assert out["mean"] == pytest.approx((30 / 10 + 20 / 10) / 2) and out["n"] == 2

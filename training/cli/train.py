@@ -188,7 +188,7 @@ def _eval_policy(args: argparse.Namespace, console: Any) -> int:
     return policy_cli.run("eval", args, console)
 
 
-_GAIN_NAMES = {"success": "success", "expert": "expert-probability"}
+_GAIN_NAMES = {"success": "success", "expert": "expert-probability", "tool_use": "tool-use"}
 
 
 def print_summary(summary: dict[str, Any], console: Any) -> None:
@@ -204,6 +204,8 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     rows = [
         ("allocator", summary["allocator"]), ("steps", summary["steps"]),
         ("held-out success before", summary["success_before"]), ("held-out success after", summary["success_after"]),
+        ("held-out tool use before", summary.get("tool_use_before")),
+        ("held-out tool use after", summary.get("tool_use_after")),
         *((f"held-out {_GAIN_NAMES[k]} gain (paired, 95%, {g['tasks']} prompts)",
            f"{g['mean']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}]") for k, g in summary.get("gain", {}).items()),
         ("effective ratio (first step)", summary["effective_ratio_first"]),

@@ -134,6 +134,8 @@ class SFTConfig(Section):
     """AdamW learning rate."""
     noise: float = 0.0
     """Expert noise (0 = always correct)."""
+    expert: dict[str, Any] = field(default_factory=dict)
+    """Further keywords of the env's ``expert(noise, seed, **expert)``, e.g. ``{guess: 0.3}`` on Arithmetic."""
 
     def validate(self) -> None:
         _check(self.episodes >= 1 and self.steps >= 1 and self.batch_size >= 1,

@@ -1,12 +1,16 @@
-"""Metrics sinks: ``metrics.jsonl`` in the run folder always; TensorBoard and W&B only when asked and installed.
+"""Metrics sinks: ``metrics.jsonl`` and ``train.log`` in the run folder always; TensorBoard and W&B only when
+asked and installed.
 
-One JSON object per line: ``{"step": n, "alloc/effective_ratio": ..., ...}``; NaN becomes null.
+``metrics.jsonl``: one JSON object per line, ``{"step": n, "alloc/effective_ratio": ..., ...}``; NaN becomes
+null. ``train.log``: one plain line per logged step (time, step and the headline metrics), to follow a run with
+``tail -f`` whatever the terminal shows.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ class MetricsLogger:
     def __init__(self, run_dir: str | Path, cfg: Any, config: dict[str, Any] | None = None,
                  truncate_after: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.text_path = Path(run_dir) / "train.log"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if truncate_after is not None and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines()
@@ -61,6 +66,8 @@ class MetricsLogger:
         row = {"step": step, **_clean(metrics)}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        with open(self.text_path, "a") as f:
+            f.write(log_line(row) + "\n")
         scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, int | float)}
         if self._tb is not None:
             for k, v in scalars.items():
@@ -73,6 +80,18 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+# The metrics a train.log line shows, in order, when a step has them.
+_HEADLINE = ("rollout/success", "alloc/effective_ratio", "loss/total", "eval/success", "eval/tool_use",
+             "eval/expert_prob", "time/step_s")
+
+
+def log_line(row: dict[str, Any]) -> str:
+    """``2026-12-02 06:40:01 step 3 | rollout/success 0.512 | ...``: a step's headline metrics as plain text."""
+    parts = [f"{k} {row[k]:.4g}" if isinstance(row[k], float) else f"{k} {row[k]}"
+             for k in _HEADLINE if row.get(k) is not None]
+    return " | ".join([time.strftime("%Y-%m-%d %H:%M:%S") + f" step {row['step']}", *parts])
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -209,8 +209,9 @@ class Trainer:
             raise ConfigError("expected eval.tasks > 0 to evaluate, got 0; fix: eval.tasks=64")
         result = evaluate(self.eval_collector, self.eval_tasks, self.cfg.eval.samples,
                           sample_seed(self.cfg.seed, self.step_count, 3) or 0)
-        by_id = {o.task_id: o.success for o in result.tasks}
-        per_prompt = {"success": [by_id[t.id] for t in self.eval_tasks]}
+        by_id = {o.task_id: o for o in result.tasks}
+        per_prompt = {"success": [by_id[t.id].success for t in self.eval_tasks],
+                      "tool_use": [by_id[t.id].tool_use for t in self.eval_tasks]}
         metrics = result.metrics()
         if self.cfg.eval.expert:
             if self._expert_seqs is None:
@@ -219,6 +220,7 @@ class Trainer:
             per_prompt["expert"] = probs.tolist()
             metrics["eval/expert_prob"] = float(probs.mean())
         self.history["eval"].append((self.step_count, result.success))
+        self.history.setdefault("eval_tool_use", []).append((self.step_count, result.tool_use))
         if self.step_count == 0:  # the run's baseline (a resumed run keeps its own from the checkpoint)
             self.history["eval_first"] = per_prompt
         self.history["eval_last"] = per_prompt
@@ -263,12 +265,13 @@ class Trainer:
         """The run's summary (summary.json and the final table): allocator, steps, held-out success before and
         after, the paired held-out gains (`held_out_gain`), effective ratios, budget, generated tokens and
         ``wall_s``."""
-        ev = self.history["eval"]
+        ev, tool = self.history["eval"], self.history.get("eval_tool_use", [])
         ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
         gains = {k: {"mean": g.mean, "lo": g.lo, "hi": g.hi, "tasks": g.tasks} for k, g in self.held_out_gain().items()}
         return {
             "run_dir": str(self.run_dir), "steps": self.step_count, "allocator": self.cfg.alloc.allocator,
             "success_before": ev[0][1] if ev else None, "success_after": ev[-1][1] if ev else None,
+            "tool_use_before": tool[0][1] if tool else None, "tool_use_after": tool[-1][1] if tool else None,
             "eval_samples": self.cfg.eval.samples, "gain": gains,
             "eval": ev, "effective_ratio_mean": float(np.mean(ratios)) if ratios else None,
             "effective_ratio_first": ratios[0] if ratios else None,

@@ -32,16 +32,24 @@ from trace_gym.training.rollout.evaluate import EvalResult, evaluate, rollout_ch
 
 
 def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: float = 0.0, seed: int = 0,
-                            only_successful: bool = True, holdout: int = 0) -> list[list[dict[str, Any]]]:
-    """Message lists of ``n`` episodes played by the env's scripted expert (``env.expert(noise, seed)``),
-    choice 1; failed episodes are dropped when ``only_successful``."""
+                            only_successful: bool = True, holdout: int = 0,
+                            expert: Mapping[str, Any] | None = None) -> list[list[dict[str, Any]]]:
+    """Message lists of ``n`` episodes played by the env's scripted expert (``env.expert(noise, seed,
+    **expert)``), choice 1; failed episodes are dropped when ``only_successful``."""
     tasks = dataset_of(make_env)
     count = len(tasks) - holdout
     if count < 1:
         raise ConfigError(f"expected holdout below the env's {len(tasks)} tasks, got holdout={holdout}")
     counts = Counter(tasks[(seed + i) % count].id for i in range(n))
     probe = make_env()  # holds the env's expert (`expert(noise, seed)`, which every trace env defines)
-    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=noise, seed=s))  # type: ignore[attr-defined]
+    options = dict(expert or {})
+    try:
+        probe.unwrapped.expert(noise=noise, seed=seed, **options)  # type: ignore[attr-defined]
+    except TypeError as e:  # an expert keyword the env's expert does not take
+        probe.close()
+        raise ConfigError(f"expected expert options that {type(probe.unwrapped).__name__}.expert takes, got "
+                          f"{sorted(options)} ({e}); fix: drop them from sft.expert") from None
+    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=noise, seed=s, **options))  # type: ignore[attr-defined]
     collector = TreeCollector(policy, make_env, tasks[:count], SamplingParams(), snapshot_kind="replay")
     episodes = []
     try:
@@ -87,7 +95,8 @@ def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any =
     if (out / "config.json").is_file():
         return str(out)
     _say(console, f"warm start: SFT on {cfg.sft.episodes} scripted-expert episodes -> {out}")
-    data = collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed)
+    data = collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed,
+                                   expert=cfg.sft.expert)
     sft(base, data, out, SFTSettings(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
                                      seed=cfg.seed), progress=console is not None)
     return str(out)

@@ -58,11 +58,18 @@ class TaskOutcome:
     stop_reasons: tuple[str, ...]
     answers: tuple[str, ...] = ()
     """What each sample said last: the answer the env read, else the last turn's text (capped at 2,000 chars)."""
+    tool_calls: tuple[int, ...] = ()
+    """Tool calls each sample made (``info["tool_calls"]`` summed over its turns)."""
 
     @property
     def success(self) -> float:
         """Share of this prompt's samples that succeeded (choice 1)."""
         return float(np.mean([r > 0 for r in self.rewards])) if self.rewards else float("nan")
+
+    @property
+    def tool_use(self) -> float:
+        """Share of this prompt's samples that called a tool at least once."""
+        return float(np.mean([n > 0 for n in self.tool_calls])) if self.tool_calls else float("nan")
 
     @property
     def mixed(self) -> bool:
@@ -72,7 +79,8 @@ class TaskOutcome:
     def row(self) -> dict[str, Any]:
         """The JSONL row of this prompt: task id, success, and each sample's reward, turns, stop reason and answer."""
         return {"task_id": self.task_id, "success": self.success, "rewards": list(self.rewards),
-                "turns": list(self.turns), "stop_reasons": list(self.stop_reasons), "answers": list(self.answers)}
+                "turns": list(self.turns), "stop_reasons": list(self.stop_reasons), "answers": list(self.answers),
+                "tool_calls": list(self.tool_calls)}
 
 
 @dataclass
@@ -93,17 +101,23 @@ class EvalResult:
         """Mean over prompts of each prompt's success (the mean over episodes when samples are equal)."""
         return mean_ci95([t.success for t in self.tasks])[0]
 
+    @property
+    def tool_use(self) -> float:
+        """Mean over prompts of the share of samples that called a tool (the habit RL may teach or unteach)."""
+        return mean_ci95([t.tool_use for t in self.tasks])[0]
+
     def interval(self) -> tuple[float, float]:
         """95% interval of `success` over prompts (NaN bounds below two prompts)."""
         mean, half, _ = mean_ci95([t.success for t in self.tasks])
         return mean - half, mean + half
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
-        """Success, its interval bounds, episodes and mean turns as ``{prefix}name`` floats (a run's metrics)."""
+        """Success, its interval bounds, tool use, episodes and mean turns as ``{prefix}name`` floats."""
         lo, hi = self.interval()
         turns = [n for t in self.tasks for n in t.turns]
         return {f"{prefix}success": self.success, f"{prefix}success_lo": lo, f"{prefix}success_hi": hi,
-                f"{prefix}episodes": float(self.episodes), f"{prefix}turns": float(np.mean(turns)) if turns else 0.0}
+                f"{prefix}tool_use": self.tool_use, f"{prefix}episodes": float(self.episodes),
+                f"{prefix}turns": float(np.mean(turns)) if turns else 0.0}
 
     def write(self, rows: str | Path, trees: str | Path | None = None) -> None:
         """Per-task rows as JSONL to ``rows``; the kept trees (the viewer's input) to ``trees`` when given."""
@@ -144,7 +158,12 @@ def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference
 def _outcome(tree: RolloutTree) -> TaskOutcome:
     leaves = tree.leaves()
     return TaskOutcome(tree.task_id, tuple(float(n.reward) for n in leaves), tuple(n.depth for n in leaves),
-                       tuple(_stop_reason(n) for n in leaves), tuple(_answer(n) for n in leaves))
+                       tuple(_stop_reason(n) for n in leaves), tuple(_answer(n) for n in leaves),
+                       tuple(_tool_calls(tree, n) for n in leaves))
+
+
+def _tool_calls(tree: RolloutTree, leaf: Node) -> int:
+    return sum(int(n.info.get("tool_calls", 0) or 0) for n in tree.path(leaf.id))
 
 
 def _answer(leaf: Node, limit: int = 2000) -> str:

@@ -61,6 +61,53 @@ def test_arithmetic_expert_noise_lowers_success() -> None:
     assert rates == [1.0, 0.0]
 
 
+def test_a_guessing_expert_answers_without_the_tool_in_its_share_of_episodes() -> None:
+    env = ArithmeticEnv(difficulty=2, n_tasks=64)
+    expert = env.expert(guess=0.5, seed=3)
+    firsts = [expert.act(task, [{"role": "user", "content": task.prompt}]) for task in env.unwrapped.tasks]
+    guesses = [a for a in firsts if a.startswith("<answer>")]
+    assert 16 <= len(guesses) <= 48 and all("<python>" in a for a in firsts if a not in guesses)
+    # a guess is the gold answer: the expert's episodes still all succeed, in one turn instead of two
+    for i in range(6):
+        _, info = env.reset(seed=i)
+        assert _play(env, env.expert(guess=1.0, seed=i), info) == 1
+        assert env.unwrapped.turn_count == 1
+    env.close()
+
+
+def test_guessing_is_limited_to_the_named_tiers() -> None:
+    tiers = {"easy": {"share": 0.5, "max_ops": 1, "min_ops": 1}, "hard": {"share": 0.5, "min_ops": 4, "max_ops": 4}}
+    env = ArithmeticEnv(tiers=tiers, n_tasks=40)
+    expert = env.expert(guess=1.0, guess_tiers=["easy"])
+    for task in env.unwrapped.tasks:
+        first = expert.act(task, [{"role": "user", "content": task.prompt}])
+        assert first.startswith("<answer>") == (task.meta["tier"] == "easy")
+    env.close()
+    with pytest.raises(ConfigError, match="guess"):
+        env.expert(guess=1.5)
+
+
+def test_tiers_hold_their_shares_and_settings_exactly() -> None:
+    tiers = {"one": {"share": 0.3, "min_ops": 1, "max_ops": 1, "max_digits": 1},
+             "five": {"share": 0.7, "min_ops": 5, "max_ops": 5, "min_digits": 3}}
+    env = gym.make("trace/Arithmetic-v0", tiers=tiers, n_tasks=50, word_fraction=0.0)
+    tasks = env.unwrapped.tasks
+    env.close()
+    by = {name: [t for t in tasks if t.meta["tier"] == name] for name in tiers}
+    assert (len(by["one"]), len(by["five"])) == (15, 35)
+    assert {t.meta["ops"] for t in by["one"]} == {1} and {t.meta["ops"] for t in by["five"]} == {5}
+    assert all(str(eval(t.meta["expression"])) == t.answer for t in tasks)
+    assert [t.meta["tier"] for t in tasks] != sorted(t.meta["tier"] for t in tasks)  # shuffled, not in blocks
+    assert len({t.id for t in tasks}) == 50
+
+
+@pytest.mark.parametrize("tiers, match", [({"a": {"max_ops": 1}}, "share"), ({"a": {"share": 1, "ops": 2}}, "ops"),
+                                          ({}, "at least one tier"), ({"a": {"share": 0}}, "share > 0")])
+def test_bad_tiers_raise_with_a_fix(tiers, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ArithmeticEnv(tiers=tiers)
+
+
 def test_variables_persist_across_turns_in_an_episode() -> None:
     env = MathEnv(dataset="aime24", action_format="tags")
     env.reset(seed=0)

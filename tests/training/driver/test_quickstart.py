@@ -36,10 +36,14 @@ def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
     assert (tmp_path / "rl" / "checkpoints" / "step_000001" / "model" / "config.json").is_file()
     # The run's held-out gain is paired over the same prompts: its mean is the difference of the two evals.
     gain = summary["gain"]
-    assert set(gain) == {"success", "expert"} and gain["success"]["tasks"] == 3
+    assert set(gain) == {"success", "expert", "tool_use"} and gain["success"]["tasks"] == 3
+    assert (summary["tool_use_before"], summary["tool_use_after"]) == (rows[0]["eval/tool_use"],
+                                                                       rows[1]["eval/tool_use"])
+    log = (tmp_path / "rl" / "train.log").read_text().splitlines()  # progress a user can tail -f
+    assert [line.split(" step ")[1].split()[0] for line in log] == ["0", "1"] and "eval/success" in log[1]
     assert gain["success"]["mean"] == pytest.approx(rows[1]["eval/success"] - rows[0]["eval/success"])
     assert gain["expert"]["mean"] == pytest.approx(rows[1]["eval/expert_prob"] - rows[0]["eval/expert_prob"])
     assert 0 < rows[0]["eval/expert_prob"] < 1
     assert gain["expert"]["lo"] <= gain["expert"]["mean"] <= gain["expert"]["hi"]
     out = capsys.readouterr().out
-    assert "held-out success before" in out and "expert-probability gain" in out
+    assert "held-out success before" in out and "expert-probability gain" in out and "held-out tool use after" in out

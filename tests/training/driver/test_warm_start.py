@@ -78,3 +78,17 @@ def test_trace_gym_sft_takes_a_module_colon_class_env(tmp_path, capsys):
                  "--eval-episodes", "2", "--env-kwargs", '{"n": 40}']) == 0
     summary = json.loads((tmp_path / "out" / "sft_summary.json").read_text())
     assert summary["env"] == "tests.agents.calc_env:CalcEnv" and summary["expert_episodes"] == 8
+
+
+def test_expert_options_reach_the_envs_expert():
+    from trace_gym.environments.math.env import ArithmeticEnv
+
+    def make():
+        return ArithmeticEnv(difficulty=1, n_tasks=12)
+
+    guessed = collect_expert_episodes(make, 12, expert={"guess": 1.0})
+    assert all([m["role"] for m in chat][-1] == "assistant" and not any(m["role"] == "tool" for m in chat)
+               for chat in guessed)
+    assert all(any(m["role"] == "tool" for m in chat) for chat in collect_expert_episodes(make, 12))
+    with pytest.raises(ConfigError, match=r"sft\.expert"):
+        collect_expert_episodes(make, 4, expert={"bogus": 1})

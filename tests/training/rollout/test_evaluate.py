@@ -72,6 +72,13 @@ def test_evaluation_plays_every_sample_of_every_prompt_in_chunks(calc):
     assert all(t.rewards == (1.0, 1.0) and t.turns == (2, 2) and t.stop_reasons == ("answer", "answer")
                for t in result.tasks)
     assert result.success == 1.0 and result.episodes == 140 and result.trees == []
+    assert all(t.tool_calls == (1, 1) for t in result.tasks) and result.metrics()["eval/tool_use"] == 1.0
+
+
+def test_tool_use_is_the_share_of_samples_that_called_a_tool():
+    result = EvalResult([TaskOutcome("a", (1.0, 0.0), (2, 1), ("answer",) * 2, tool_calls=(1, 0)),
+                         TaskOutcome("b", (0.0, 0.0), (1, 1), ("answer",) * 2, tool_calls=(0, 0))], seed=0)
+    assert [t.tool_use for t in result.tasks] == [0.5, 0.0] and result.tool_use == 0.25
 
 
 def test_evaluation_writes_rows_and_trees_the_viewer_reads(calc, tmp_path):
