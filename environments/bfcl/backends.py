@@ -4,8 +4,8 @@ The env owns its instances (bfcl_eval's execute_multi_turn_func_call caches them
 evals the call strings: never used here). A call runs by attribute lookup of a declared tool name on the
 instance that owns it, after jsonschema validation of its arguments.
 
-A model's call runs in a bounded call (``sandbox.bounded``): on a pickled copy of the instance, in a child
-process killed after ``CALL_BOUND.timeout_s`` seconds, with its memory capped; the instance's new state comes
+A model's call runs in a bounded call (``sandbox.bounded``): on a copy of the instance sent as JSON data, in a
+child process killed after ``CALL_BOUND.timeout_s`` seconds, with its memory capped; the instance's new state comes
 back and replaces the old one (same object, so snapshots and owners stay valid). So ``power(base=10,
 exponent=10000000)`` or ``square_root(number=2, precision=1000000)`` return a timeout error instead of
 holding the trainer for seconds, and ``mpmath.mp``/``decimal`` precision changes die with the child. Ground-truth
@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import decimal
+import functools
 import importlib
 import inspect
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -180,6 +182,14 @@ def run_method(instance: Any, name: str, arguments: Mapping[str, Any], stateless
     return text, ok, None if stateless else instance.__dict__
 
 
+@functools.cache
+def state_classes(cls: type) -> tuple[type, ...]:
+    """The classes defined in a backend's module (the backend and, e.g., the file system's nodes): the objects
+    that may travel in its state to and from a bounded call."""
+    module = sys.modules[cls.__module__]
+    return tuple(c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__)
+
+
 def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mapping[str, Mapping[str, Any]],
             validators: Validators, call: Call, bounded: bool = True) -> tuple[str, bool]:
     """Run one decoded call on the owned instances: (result text, ok). Never raises on model input.
@@ -207,7 +217,7 @@ def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mappi
             text, ok, _ = run_method(instance, call.name, arguments, True)
         return text, ok
     outcome = bounded_call(run_method, instance, call.name, dict(arguments), stateless, bound=CALL_BOUND,
-                           warm=(type(instance).__module__,))
+                           warm=(type(instance).__module__,), classes=state_classes(type(instance)))
     if not outcome.ok:
         return f"Error during execution: the call was stopped ({outcome.error}).", False
     text, ok, state = outcome.value

@@ -9,40 +9,41 @@ per-process call server (started with ``subprocess``: the caller, a trainer that
 forked), under RLIMIT_AS and RLIMIT_CPU; past the deadline the child is killed by pidfd and the caller gets
 ``Outcome(timed_out=True)``. Process-wide changes die with the child.
 
-For your own env (opt in): make the guarded work a module-level function (it is pickled by reference, so the
-server must be able to import it) whose arguments and return value pickle, and call
-``bounded_call(fn, *args, bound=Bound(timeout_s=2.0))`` in ``turn``/``verify``; turn ``Outcome.ok == False``
+For your own env (opt in): make the guarded work a module-level function (it travels by name, so the server
+must be able to import it) whose arguments and return value are plain data (``values.py``: scalars, lists,
+tuples, dicts, sets, bytes, dates, ``random.Random``, and objects of the classes you name in ``classes=``), and
+call ``bounded_call(fn, *args, bound=Bound(timeout_s=2.0))`` in ``turn``/``verify``; turn ``Outcome.ok == False``
 into an error observation or a zero reward with ``outcome.error`` as the note. State that ``fn`` mutates must
 travel in its arguments and come back in its result (see ``environments/bfcl/backends.py``).
 
-Cost: a fork of the server per call (a few ms) plus pickling; the first call of a module also imports it in
-the server (not counted against the deadline). Pickle is safe here because both sides run only this package's
-code: the data a model wrote travels inside ordinary values, never as code.
+Everything travels as length-prefixed JSON (``wire.py``), never as pickles: the child works on untrusted input,
+so its reply is read as data that cannot carry code, whatever the child was made to send.
+
+Cost: a fork of the server per call (a few ms) plus the JSON coding; the first call of a module also imports it
+in the server (not counted against the deadline).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import math
+import importlib
 import os
-import pickle
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from trace_gym.environments.sandbox import values, wire
 from trace_gym.processes import register_service
 
 _IMPORT_S = 120.0  # the server imports a function's module once, before the deadline starts
-_HEADER = struct.Struct("!Q")
+_CODING_ERRORS = (ValueError, TypeError, OverflowError, RecursionError)  # what decoding malformed data raises
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Bound:
     memory_bytes: int = 1 << 30
     """Address space the call may add to the server's (RLIMIT_AS)."""
     max_result_bytes: int = 32 << 20
-    """A larger pickled result is refused (it would have to be held by the caller)."""
+    """A larger result (as JSON) is refused (it would have to be held by the caller)."""
 
 
 @dataclass(frozen=True)
@@ -67,52 +68,27 @@ class Outcome:
     timed_out: bool = False
 
 
-# --------------------------------------------------------------------------- framing (pickles, both sides)
-def _send(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
-    frame = _HEADER.pack(len(payload)) + payload
-    if fds:
-        socket.send_fds(sock, [frame[:_HEADER.size]], fds)
-        sock.sendall(frame[_HEADER.size:])
-    else:
-        sock.sendall(frame)
+# --------------------------------------------------------------------------- names of functions and classes
+def _name(obj: Any) -> str:
+    """``module:qualname`` of a module-level function or class; ValueError if it cannot be found by that name."""
+    name = f"{getattr(obj, '__module__', None)}:{getattr(obj, '__qualname__', None)}"
+    try:
+        found = _resolve(name)
+    except (ImportError, AttributeError, ValueError):
+        found = None
+    if found is not obj:
+        raise ValueError(f"{obj!r} cannot be found by its name {name}")
+    return name
 
 
-def _readable(sock: socket.socket, timeout: float) -> bool:
-    """poll, not select: descriptors numbered past 1024 (a trainer holding many snapshots) break select."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
-
-
-def _recv(sock: socket.socket, deadline: float | None, fds: list[int] | None = None,
-          limit: int = 1 << 40) -> bytes | None:
-    def exact(n: int, with_fds: bool) -> bytes | None:
-        buf = bytearray()
-        while len(buf) < n:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not _readable(sock, left):
-                    return None
-            try:
-                if with_fds and fds is not None:
-                    chunk, got, _, _ = socket.recv_fds(sock, n - len(buf), 4)
-                    fds.extend(got)
-                else:
-                    chunk = sock.recv(min(n - len(buf), 1 << 20))
-            except (OSError, ValueError):
-                return None
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
-
-    head = exact(_HEADER.size, True)
-    if head is None:
-        return None
-    (size,) = _HEADER.unpack(head)
-    if size > limit:
-        return None
-    return exact(size, False)
+def _resolve(name: str) -> Any:
+    module, _, qualname = name.partition(":")
+    if not module or not qualname or "<" in qualname:
+        raise ValueError(f"not a module-level name: {name}")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 # --------------------------------------------------------------------------- the server (its own process)
@@ -129,26 +105,30 @@ def _serve(fd: int) -> None:
     warmed: set[str] = set()
     while True:
         fds: list[int] = []
-        if _recv(host, None, fds) is None:
+        if wire.recv(host, None, fds) is None:
             os._exit(0)
         if len(fds) != 1:
             for f in fds:
                 os.close(f)
             continue
         chan = socket.socket(fileno=fds[0])
-        data = _recv(chan, time.monotonic() + 30.0)
-        try:
-            fn, args, kwargs, bound, warm = pickle.loads(data) if data is not None else (None, (), {}, Bound(), ())
-            for name in warm:
+        request = wire.recv(chan, time.monotonic() + 30.0, limit=1 << 31)
+        if request is None:
+            chan.close()
+            continue
+        try:  # the request comes from the caller, which names only its own functions and classes
+            for name in request["warm"]:
                 if name not in warmed:
                     _warm(name)
                     warmed.add(name)
-        except Exception as e:  # the module cannot be imported here, or the data does not unpickle
+            fn = _resolve(request["fn"])
+            classes = tuple(_resolve(c) for c in request["classes"])
+            args, kwargs = values.decode(request["args"], classes), values.decode(request["kwargs"], classes)
+            bound = Bound(**request["bound"])
+        except Exception as e:  # the module cannot be imported here, or the data does not decode
             with contextlib.suppress(OSError):
-                _send(chan, pickle.dumps(("error", f"the call server cannot load the call: {type(e).__name__}: {e}")))
-            chan.close()
-            continue
-        if fn is None:
+                wire.send(chan, {"kind": "error", "error": f"the call server cannot load the call: "
+                                                           f"{type(e).__name__}: {e}"[:2000]})
             chan.close()
             continue
         if os.fork() == 0:
@@ -158,14 +138,12 @@ def _serve(fd: int) -> None:
                 import ctypes
 
                 ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
-            _run_child(chan, fn, args, kwargs, bound, resource)
+            _run_child(chan, fn, args, kwargs, bound, classes, resource)
         chan.close()  # from the fork on, the child is the socket's only writer
 
 
 def _warm(name: str) -> None:
     """Import ``module`` or call ``module:function`` once in the server, so that every child starts warm."""
-    import importlib
-
     module, _, function = name.partition(":")
     loaded = importlib.import_module(module)
     if function:
@@ -173,7 +151,7 @@ def _warm(name: str) -> None:
 
 
 def _run_child(chan: socket.socket, fn: Callable[..., Any], args: tuple, kwargs: dict, bound: Bound,
-               resource: Any) -> None:
+               classes: tuple[type, ...], resource: Any) -> None:
     with open("/proc/self/status") as f:
         vm = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), 0)
     with contextlib.suppress(ValueError, OSError):
@@ -182,23 +160,29 @@ def _run_child(chan: socket.socket, fn: Callable[..., Any], args: tuple, kwargs:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     pidfd = os.pidfd_open(os.getpid())  # the caller's handle to kill this child at the deadline
-    _send(chan, pickle.dumps(("started", None)), [pidfd])
+    wire.send(chan, {"kind": "started"}, [pidfd])
     os.close(pidfd)
     try:
-        reply = ("ok", fn(*args, **kwargs))
+        reply: dict[str, Any] = {"kind": "ok", "value": values.encode(fn(*args, **kwargs), classes)}
     except MemoryError:
-        reply = ("error", f"out of memory (limit {bound.memory_bytes} bytes)")
+        reply = {"kind": "error", "error": f"out of memory (limit {bound.memory_bytes} bytes)"}
     except BaseException as e:
-        reply = ("error", f"{type(e).__name__}: {e}"[:2000])
+        reply = {"kind": "error", "error": f"{type(e).__name__}: {e}"[:2000]}
     try:
-        payload = pickle.dumps(reply)
+        size = len(_json(reply))
     except Exception as e:
-        payload = pickle.dumps(("error", f"the result does not pickle: {type(e).__name__}: {e}"))
-    if len(payload) > bound.max_result_bytes:
-        payload = pickle.dumps(("error", f"the result is too large ({len(payload)} bytes pickled)"))
+        reply, size = {"kind": "error", "error": f"the result is not JSON: {type(e).__name__}: {e}"[:2000]}, 0
+    if size > bound.max_result_bytes:
+        reply = {"kind": "error", "error": f"the result is too large ({size} bytes as JSON)"}
     with contextlib.suppress(OSError):
-        _send(chan, payload)
+        wire.send(chan, reply)
     os._exit(0)
+
+
+def _json(obj: Any) -> bytes:
+    import json
+
+    return json.dumps(obj).encode()
 
 
 # --------------------------------------------------------------------------- the caller's side
@@ -241,25 +225,28 @@ def start_server() -> int:
 
 
 def bounded_call(fn: Callable[..., Any], *args: Any, bound: Bound | None = None, warm: tuple[str, ...] = (),
-                 **kwargs: Any) -> Outcome:
+                 classes: tuple[type, ...] = (), **kwargs: Any) -> Outcome:
     """``fn(*args, **kwargs)`` in a killable child; never raises for what the call does (see the module doc).
 
     ``warm``: modules (``"pkg.mod"``) to import, or functions (``"pkg.mod:fn"``) to call, once in the server
-    before its first such call, so that children do not each pay for them (lazy imports, parser tables)."""
+    before its first such call, so that children do not each pay for them (lazy imports, parser tables).
+    ``classes``: the classes whose objects may travel in the arguments and the result (``values.py``)."""
     bound = bound or Bound()
     try:
-        payload = pickle.dumps((fn, args, kwargs, bound, tuple(warm)))
-    except Exception as e:
-        return Outcome(False, error=f"expected a picklable module-level function and arguments, got "
-                                     f"{type(e).__name__}: {e}; fix: define the function at module level")
+        request = {"fn": _name(fn), "classes": [_name(c) for c in classes], "warm": list(warm),
+                   "args": values.encode(list(args), classes), "kwargs": values.encode(kwargs, classes),
+                   "bound": asdict(bound)}
+    except ValueError as e:
+        return Outcome(False, error=f"expected a module-level function and plain-data arguments, got {e}; "
+                                    "fix: define the function at module level and pass data (see values.py)")
     server = _Server.get()
     ours, theirs = socket.socketpair()
     try:
         with server.lock:
-            _send(server.sock, b"call", [theirs.fileno()])
+            wire.send(server.sock, {"op": "call"}, [theirs.fileno()])
         theirs.close()
-        _send(ours, payload)
-        return _await(ours, bound)
+        wire.send(ours, request)
+        return _await(ours, bound, classes)
     except OSError as e:
         return Outcome(False, error=f"the call server failed: {e}")
     finally:
@@ -268,29 +255,37 @@ def bounded_call(fn: Callable[..., Any], *args: Any, bound: Bound | None = None,
         ours.close()
 
 
-def _await(sock: socket.socket, bound: Bound) -> Outcome:
+def _await(sock: socket.socket, bound: Bound, classes: tuple[type, ...]) -> Outcome:
+    """Wait for the child's reply, killing it at the deadline. The reply is untrusted data: JSON, decoded with
+    only ``classes`` allowed."""
     pidfd: int | None = None
     deadline = time.monotonic() + _IMPORT_S
     try:
         while True:
             fds: list[int] = []
-            data = _recv(sock, deadline, fds, limit=bound.max_result_bytes + 4096)
+            reply = wire.recv(sock, deadline, fds, limit=bound.max_result_bytes + 4096)
             for fd in fds:
                 if pidfd is None:
                     pidfd = fd
                 else:
                     os.close(fd)
-            if data is None:
+            if reply is None:
                 if pidfd is not None and time.monotonic() >= deadline:
                     with contextlib.suppress(OSError):
                         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                     return Outcome(False, error=f"timed out after {bound.timeout_s:g} s", timed_out=True)
-                return Outcome(False, error="the call's process died (CPU or memory limit, or a crash)")
-            kind, value = pickle.loads(data)
+                return Outcome(False, error="the call's process died (CPU or memory limit, or a crash) "
+                                            "or sent no valid reply")
+            kind = reply.get("kind")
             if kind == "started":
                 deadline = time.monotonic() + bound.timeout_s
                 continue
-            return Outcome(True, value) if kind == "ok" else Outcome(False, error=str(value))
+            if kind == "ok":
+                try:
+                    return Outcome(True, values.decode(reply.get("value"), classes))
+                except _CODING_ERRORS as e:
+                    return Outcome(False, error=f"the call's reply does not decode: {e}"[:2000])
+            return Outcome(False, error=str(reply.get("error"))[:2000])
     finally:
         if pidfd is not None:
             os.close(pidfd)

@@ -85,22 +85,23 @@ def _close(fd: int) -> None:
 
 
 def recv(sock: socket.socket, deadline: float | None = None, fds: list[int] | None = None,
-         writer: list[int] | None = None) -> dict[str, Any] | None:
+         writer: list[int] | None = None, limit: int = MAX_MESSAGE) -> dict[str, Any] | None:
     """One message, or None on EOF, timeout or garbage (a sandbox process may send anything).
 
     ``fds`` collects descriptors sent with the frame; ``writer`` receives the kernel-stamped pid of the process
-    that wrote the frame's first bytes (only on a ``passcred`` socket; 0 if that process is not visible here)."""
+    that wrote the frame's first bytes (only on a ``passcred`` socket; 0 if that process is not visible here).
+    ``limit``: the largest frame accepted, in bytes."""
     head = _recv_exact(sock, 4, deadline, fds, writer)
     if head is None:
         return None
     (size,) = struct.unpack("!I", head)
-    if size > MAX_MESSAGE:
+    if size > limit:
         return None
     body = _recv_exact(sock, size, deadline, None, None)
     if body is None:
         return None
     try:
         obj = json.loads(body)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError includes an integer of more digits than int() reads
         return None
     return obj if isinstance(obj, dict) else None

@@ -4,6 +4,7 @@ to process-wide state reaches the caller; no process is left behind."""
 from __future__ import annotations
 
 import decimal
+import json
 import time
 
 import pytest
@@ -49,6 +50,45 @@ def change_process_state() -> tuple[int, int]:
 
 def huge_power() -> int:
     return len(str(10 ** 100_000_000))
+
+
+def forge_reply(kind: str, marker: str) -> None:
+    """A call that takes over its reply channel: it writes a frame of its choosing on every socket it holds and
+    exits before the real reply (what an answer that ran code in the child could do)."""
+    import os
+    import pickle
+    import socket
+    import stat
+    import struct
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (marker,))
+
+    if kind == "pickle":
+        body = pickle.dumps(("ok", Payload()))
+    elif kind == "class":
+        body = json.dumps({"kind": "ok", "value": {"o": 0, "c": "os:mkdir", "a": {"path": marker}}}).encode()
+    elif kind == "huge":
+        body = b"{" * (64 << 10)
+    else:
+        body = b'{"kind": "ok", "value": ' + b"9" * 5000 + b"}"
+    for fd in range(3, 64):
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                socket.socket(fileno=os.dup(fd)).sendall(struct.pack("!I", len(body)) + body)
+        except OSError:
+            pass
+    os._exit(0)
+
+
+@pytest.mark.parametrize("kind", ["pickle", "class", "huge", "bigint"])
+def test_a_forged_reply_is_data_not_code(kind: str, tmp_path) -> None:
+    marker = tmp_path / "ran"
+    outcome = bounded_call(forge_reply, kind, str(marker))
+    assert not outcome.ok and outcome.error
+    assert kind != "class" or "may not travel" in outcome.error  # the forged frame was read, and refused
+    assert not marker.exists()
 
 
 def test_the_value_comes_back() -> None:
