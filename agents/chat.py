@@ -111,7 +111,7 @@ class Conversation:
                    logprobs: Sequence[float] | None = None) -> None:
         """Append one sampled assistant turn verbatim; `text` is what the env saw (kept in `messages`)."""
         if not token_ids:
-            raise ConfigError("expected at least one sampled token id, got []; fix: skip empty generations")
+            raise ValueError("expected at least one sampled token id, got []; fix: skip empty generations")
         start = len(self.ids)
         self.ids.extend(int(t) for t in token_ids)
         self.segments.append(Segment("action", start, len(self.ids), list(logprobs) if logprobs else None))
@@ -124,7 +124,7 @@ class Conversation:
         assistant turns in a row) plus the next generation prompt, rendered by the chat template; returns the
         appended ids. Their text fields are encoded as plain text (see the module docstring)."""
         if not self.segments or self.segments[-1].kind != "action":
-            raise ConfigError("expected add_observation right after add_action, got two observations in a row")
+            raise ValueError("expected add_observation right after add_action, got two observations in a row")
         new = [dict(m) for m in messages]
         ids: list[int] = []
         for text, is_content in self._delta(new):

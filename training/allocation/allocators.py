@@ -142,10 +142,10 @@ class StagedAllocator:
         p = len(rewards)
         if self.prefixes == "none" or budget == 0:
             if budget:
-                raise ConfigError(f"expected no prefix budget for {self.name!r}, got {budget}")
+                raise ValueError(f"expected no prefix budget for {self.name!r}, got {budget}")
             return np.zeros(p, dtype=np.int64)
         if p == 0:
-            raise ConfigError("expected at least one open prefix; fix: call expand_counts, which sends the "
+            raise ValueError("expected at least one open prefix; fix: call expand_counts, which sends the "
                               "budget to the root")
         if self.prefixes == "uniform":
             return rng.multinomial(budget, np.full(p, 1.0 / p)).astype(np.int64)
@@ -166,7 +166,7 @@ def mixed_share(k: np.ndarray, n: np.ndarray, m: np.ndarray) -> np.ndarray:
     in n >= m rollouts: the share of m-subsets of the n outcomes that are mixed (hypergeometric)."""
     k, n, m = (np.asarray(x, dtype=np.int64) for x in (k, n, m))
     if np.any(m > n) or np.any(m < 0) or np.any((k < 0) | (k > n)):
-        raise ConfigError(f"expected 0 <= m <= n and 0 <= k <= n, got k={k}, n={n}, m={m}")
+        raise ValueError(f"expected 0 <= m <= n and 0 <= k <= n, got k={k}, n={n}, m={m}")
     comb = np.vectorize(math.comb, otypes=[np.float64])
     out = 1.0 - (comb(k, m) + comb(n - k, m)) / comb(n, m)
     return np.where(m == 0, 0.0, out)

@@ -96,10 +96,10 @@ def training_examples(trees: Sequence[Any]) -> tuple[list[Prefix], np.ndarray, n
 
 def _check_fit_inputs(prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> None:
     if len(prefixes) != len(targets) or len(targets) != len(weights):
-        raise ConfigError(f"expected prefixes, targets and weights of one length, got {len(prefixes)}, "
+        raise ValueError(f"expected prefixes, targets and weights of one length, got {len(prefixes)}, "
                           f"{len(targets)}, {len(weights)}")
     if np.any((targets < 0) | (targets > 1)) or np.any(weights < 0):
-        raise ConfigError("expected targets in [0, 1] and weights >= 0; fix: pass V̂ and leaf counts")
+        raise ValueError("expected targets in [0, 1] and weights >= 0; fix: pass V̂ and leaf counts")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -108,7 +108,7 @@ def solve_prefixes(rewards: np.ndarray, values: np.ndarray, budget: int) -> np.n
     _check_probabilities("rewards", r)
     _check_probabilities("values", v)
     if r.shape != v.shape:
-        raise ConfigError(f"expected rewards and values of one shape, got {r.shape} and {v.shape}")
+        raise ValueError(f"expected rewards and values of one shape, got {r.shape} and {v.shape}")
     if budget < 0:
         raise ConfigError(f"expected a budget >= 0, got {budget}")
     k = np.zeros(len(r), dtype=np.int64)
@@ -140,7 +140,7 @@ def bottom_up_values(
     parents = np.asarray(parents, dtype=np.int64)
     n = len(parents)
     if np.any(parents[1:] >= np.arange(1, n)) or (n and parents[0] != -1):
-        raise ConfigError("expected parents[0] == -1 and parents[i] < i (nodes in creation order), "
+        raise ValueError("expected parents[0] == -1 and parents[i] < i (nodes in creation order), "
                           f"got {parents.tolist()}; fix: pass nodes in the order the tree created them")
     leaf = np.asarray(is_leaf, dtype=bool)
     sums = np.where(leaf, np.asarray(rewards, dtype=np.float64), 0.0)

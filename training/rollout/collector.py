@@ -97,10 +97,10 @@ def bare_starts(counts: Mapping[str, int], started: Container[str], tasks: Conta
     new = [tid for tid, m in counts.items() if m > 0]
     for tid in new:
         if tid in started:
-            raise ConfigError(f"expected each prompt once per step, got {tid!r} twice; fix: use continuations "
+            raise ValueError(f"expected each prompt once per step, got {tid!r} twice; fix: use continuations "
                               "(node 0) for more rollouts from a started prompt")
         if tid not in tasks:
-            raise ConfigError(f"expected a task id of the collector's task set, got {tid!r}")
+            raise ValueError(f"expected a task id of the collector's task set, got {tid!r}")
     return [(tid, 0) for tid in new for _ in range(int(counts[tid]))]
 
 
@@ -117,9 +117,9 @@ def check_open(starts: Sequence[tuple[str, int]], trees: Mapping[str, RolloutTre
     for tid, node_id in starts:
         tree = trees.get(tid)
         if tree is None:
-            raise ConfigError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
+            raise ValueError(f"expected a prompt started this step, got {tid!r}; fix: bare_rollouts first")
         if tree[node_id].is_terminal:
-            raise ConfigError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
+            raise ValueError(f"expected an open (non-terminal) node to continue, got terminal node {node_id}")
 
 
 @dataclass
@@ -274,7 +274,7 @@ class TreeCollector:
         stage call, which seeds its sampling (default i)."""
         indices = list(range(len(starts))) if indices is None else list(indices)
         if len(indices) != len(starts):
-            raise ConfigError(f"expected one index per start, got {len(indices)} for {len(starts)}")
+            raise ValueError(f"expected one index per start, got {len(indices)} for {len(starts)}")
         check_open(starts, self.trees)
         stats = CollectStats(trajectories=len(starts))
         active = [_Branch(tid, int(node), i) for (tid, node), i in zip(starts, indices)]
@@ -284,7 +284,7 @@ class TreeCollector:
             stats.generate_s += time.perf_counter() - t0
             stats.generate_calls += 1
             if len(gens) != len(active):
-                raise ConfigError(f"expected one generation per request from the policy, got {len(gens)} for "
+                raise RuntimeError(f"expected one generation per request from the policy, got {len(gens)} for "
                                   f"{len(active)}; fix: the policy must follow the Policy contract")
             by_tree: dict[str, list[tuple[_Branch, Generation]]] = {}
             for b, g in zip(active, gens):

@@ -54,10 +54,10 @@ class UpdateBatch:
         shape = tuple(self.input_ids.shape)
         for name in ("attention_mask", "loss_mask", "old_logprobs"):
             if tuple(getattr(self, name).shape) != shape:
-                raise ConfigError(f"expected {name} of shape {shape} (like input_ids), "
+                raise ValueError(f"expected {name} of shape {shape} (like input_ids), "
                                   f"got {tuple(getattr(self, name).shape)}")
         if self.advantages.shape[0] != shape[0]:
-            raise ConfigError(f"expected advantages with {shape[0]} rows, got {tuple(self.advantages.shape)}")
+            raise ValueError(f"expected advantages with {shape[0]} rows, got {tuple(self.advantages.shape)}")
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -341,15 +341,15 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Upd
     ``loss/tokens``, the trained tokens, and ``loss/forward_tokens``, the tokens run through the model, summed).
     """
     if micro_batch < 1:
-        raise ConfigError(f"expected micro_batch >= 1, got {micro_batch}")
+        raise ValueError(f"expected micro_batch >= 1, got {micro_batch}")
     if len(batch) == 0:
-        raise ConfigError("expected at least one row on every rank, got 0; fix: give each rank >= 1 row")
+        raise RuntimeError("expected at least one row on every rank, got 0; fix: give each rank >= 1 row")
     _, world_size = world()
     device = next(p for p in model.parameters()).device
     parts = _local_parts(batch, micro_batch)
     tokens = _all_reduce(sum(_trained_tokens(p) for p in parts))
     if tokens == 0:
-        raise ConfigError("expected trained tokens in the batch, got an all-zero loss_mask")
+        raise RuntimeError("expected trained tokens in the batch, got an all-zero loss_mask")
     steps = int(_all_reduce(float(len(parts)), dist.ReduceOp.MAX if dist.is_initialized() else None))
     parts += [parts[0].without_loss()] * (steps - len(parts))
     model.train()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from trace_gym.errors import ConfigError
-
 
 def policy_loss(
     logprobs: torch.Tensor,
@@ -34,15 +32,15 @@ def policy_loss(
     1 on action tokens, 0 on prompt, observation and padding tokens. Returns (loss, stats).
     """
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
-        raise ConfigError(f"expected logprobs, old_logprobs and mask of one (B, T) shape, got "
+        raise ValueError(f"expected logprobs, old_logprobs and mask of one (B, T) shape, got "
                           f"{tuple(logprobs.shape)}, {tuple(old_logprobs.shape)}, {tuple(mask.shape)}")
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
     if advantages.shape != logprobs.shape:
-        raise ConfigError(f"expected advantages of shape (B,) or {tuple(logprobs.shape)}, "
+        raise ValueError(f"expected advantages of shape (B,) or {tuple(logprobs.shape)}, "
                           f"got {tuple(advantages.shape)}")
     if ref_logprobs is None and kl_coef != 0.0:
-        raise ConfigError("expected ref_logprobs when kl_coef != 0, got None; fix: pass reference log-probs "
+        raise ValueError("expected ref_logprobs when kl_coef != 0, got None; fix: pass reference log-probs "
                           "or set kl_coef = 0")
     clip_high = clip_low if clip_high is None else clip_high
     mask = mask.to(logprobs.dtype)

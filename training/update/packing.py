@@ -204,7 +204,7 @@ def _replace(pack: Pack, **changes: Any) -> Pack:
 def pack_rows(samples: Sequence[Row]) -> Pack:
     """One `Pack` of ``samples`` (a trie over their context + action ids)."""
     if not samples:
-        raise ConfigError("expected at least one row to pack, got none")
+        raise ValueError("expected at least one row to pack, got none")
     trie = build_trie([s.context + s.action for s in samples])
     src: list[np.ndarray] = []
     tgt: list[np.ndarray] = []
@@ -212,7 +212,7 @@ def pack_rows(samples: Sequence[Row]) -> Pack:
     adv: list[float] = []
     for s, path in zip(samples, trie.paths):
         if len(s.logprobs) != len(s.action):
-            raise ConfigError(f"expected one behaviour logprob per action token, got {len(s.logprobs)} for "
+            raise RuntimeError(f"expected one behaviour logprob per action token, got {len(s.logprobs)} for "
                               f"{len(s.action)}")
         first = max(len(s.context), 1)  # depth 0 has nothing before it (choice 1)
         nodes = path[first:]
@@ -320,7 +320,7 @@ def last_hidden_states(model: nn.Module, rows: Sequence[Sequence[int]], pack_tok
     gives it, with every shared prefix computed once (packs of at most ``pack_tokens`` nodes, rows in trie
     order): the predictor's hidden-state features of a step's prefixes."""
     if any(len(r) == 0 for r in rows):
-        raise ConfigError("expected non-empty rows, got an empty one; fix: give each prefix at least one token")
+        raise ValueError("expected non-empty rows, got an empty one; fix: give each prefix at least one token")
     device = next(model.parameters()).device
     order = trie_order(rows, torch.Generator().manual_seed(0))
     out: list[torch.Tensor | None] = [None] * len(rows)

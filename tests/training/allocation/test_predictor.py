@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 import torch
 
-from trace_gym.errors import ConfigError
 from trace_gym.training.allocation.predictor import FeaturePredictor, HiddenStatePredictor, Prefix, training_examples
 from trace_gym.tree import RolloutTree
 
@@ -92,7 +91,7 @@ def test_feature_predictor_takes_any_text():
 
 
 def test_fit_rejects_targets_outside_unit_interval():
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError, match="targets in"):
         FeaturePredictor(dim=256).fit([Prefix("a", "b")], np.array([1.5]), np.array([1.0]))
 
 

@@ -139,7 +139,6 @@ def test_an_adopted_tree_continues_as_in_the_collector_that_started_it():
 
 @pytest.mark.parametrize("kind", ["local", "simulation"])
 def test_every_collector_refuses_the_same_bad_starts(kind):
-    from trace_gym.errors import ConfigError
     from trace_gym.training.rollout.simulation import SimCollector, make_tasks
 
     env = None
@@ -154,14 +153,14 @@ def test_every_collector_refuses_the_same_bad_starts(kind):
     try:
         collector.begin_step()
         collector.bare_rollouts({tasks[0].id: 2}, seed=0)
-        with pytest.raises(ConfigError, match="each prompt once per step"):
+        with pytest.raises(ValueError, match="each prompt once per step"):
             collector.bare_rollouts({tasks[0].id: 1}, seed=1)
-        with pytest.raises(ConfigError, match="task id of the collector's task set"):
+        with pytest.raises(ValueError, match="task id of the collector's task set"):
             collector.bare_rollouts({"no-such-task": 1}, seed=1)
-        with pytest.raises(ConfigError, match="a prompt started this step"):
+        with pytest.raises(ValueError, match="a prompt started this step"):
             collector.continuations({(tasks[1].id, 0): 1}, seed=1)
         leaf = collector.trees[tasks[0].id].leaves()[0].id
-        with pytest.raises(ConfigError, match="open \\(non-terminal\\) node"):
+        with pytest.raises(ValueError, match="open \\(non-terminal\\) node"):
             collector.continuations({(tasks[0].id, leaf): 1}, seed=1)
     finally:
         collector.close()

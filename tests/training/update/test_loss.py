@@ -3,7 +3,6 @@ import math
 import pytest
 import torch
 
-from trace_gym.errors import ConfigError
 from trace_gym.training.update.loss import policy_loss
 
 
@@ -79,5 +78,5 @@ def test_num_tokens_sets_the_normaliser_for_accumulation():
 
 
 def test_kl_coef_without_reference_raises():
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError, match="ref_logprobs"):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), kl_coef=0.1)

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 import trace_gym  # noqa: F401 - registers the trace/* ids
 from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.policy import SamplingParams
-from trace_gym.errors import ConfigError
 from trace_gym.training.driver.config import TrainConfig
 from trace_gym.training.rollout.collector import TreeCollector, context_ids
 from trace_gym.training.update.distributed import policy_update, token_logprobs
@@ -292,5 +291,5 @@ def test_packing_says_why_a_model_cannot_be_packed(nano_dir):
 
 
 def test_a_pack_needs_one_behaviour_logprob_per_action_token():
-    with pytest.raises(ConfigError, match="one behaviour logprob per action token"):
+    with pytest.raises(RuntimeError, match="one behaviour logprob per action token"):
         pack_rows([Sample([1, 2], [3, 4], [-1.0], 1.0)])
