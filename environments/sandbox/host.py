@@ -18,34 +18,40 @@ Processes (each arrow a fork; code in ``runtime.py``, jail in ``jail.py``, docs/
   thread running is not committed.
 - A **native snapshot** is a frozen fork ``F`` of the worker; restoring forks ``F`` again (in the same
   lineage). A **replay** snapshot is the list of committed cells; restoring it re-runs them in a new lineage.
-  A snapshot whose frozen fork is gone (killed, stopped, dead) falls back to replay.
+  A snapshot whose frozen fork is gone (killed, stopped, dead), or whose files differ from the digest the
+  supervisor took when it was made, falls back to replay, and the next cell's output says so.
 
 The host trusts nothing that a worker, a cell or a frozen fork says. It kills only what trusted processes
 created (the lineage's pid 1, by pidfd; the jail, by its ``subprocess`` handle); which process it talks to it
-learns from the kernel (``SCM_CREDENTIALS`` on its sockets), never from a message; every wait is bounded.
+learns from the kernel (``SCM_CREDENTIALS`` on its sockets), never from a message; every wait and every send
+has a deadline. It creates, changes and removes no file in a folder the sandbox can write: with namespaces a
+lineage's files live in its own tmpfs, in its own mount namespace, made and emptied by its supervisor; without,
+the host creates each lineage's folder in a root only it can write and removes it by descriptor.
 
 Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and raw system calls included):
 1. Contained by the kernel: no network at all (a lineage's network namespace has only a down loopback; its
    abstract Unix sockets are its own; ``socket()`` is refused by seccomp); no view of or signal to a process
    outside the lineage (PID namespace; its own /proc); a read-only file system (bubblewrap binds only /usr,
-   the Python installation and this folder, read-only), writable only in the lineage's own directory, its
-   private /tmp and /dev/shm (64 MiB tmpfs each); its own SysV IPC; per-lineage RLIMIT_NPROC (its own user
-   namespace: other jobs of the same user do not count). Seccomp also refuses new namespaces, mounts, ptrace,
-   process_vm_*, BPF, perf, io_uring, keyrings, module loading and clock/host changes.
-2. Bounded per cell by the kernel: CPU seconds, address space, file size, processes; wall-clock time (the
-   worker kills the cell's process group, and the host gives up on a worker that overruns by 15 s); output
-   size (truncated with a note).
-3. Ended with the sandbox: ``close()``, ``reset()`` and ``restore()`` sweep every process of the lineage that is
-   not a live snapshot or another sandbox's worker (the supervisor does it); when the lineage's last
-   sandbox or snapshot goes, its pid 1 is killed. The host exiting kills the jail (``--die-with-parent``).
+   the Python installation and this folder, read-only), writable only in the lineage's own tmpfs
+   (``SandboxLimits.disk_bytes`` for its directories, snapshot copies, /tmp and /dev/shm together); its own
+   devpts, SysV IPC and RLIMIT_NPROC (its own user namespace: other jobs of the same user do not count).
+   Seccomp also refuses new namespaces, mounts, ptrace, process_vm_*, BPF, perf, io_uring, keyrings, module
+   loading, clock/host changes, and what other lineages would feel: file locks (a bound file is one inode for
+   all), inotify (instances are counted per user), memfds, SysV segments and queues, POSIX queues.
+2. Bounded per cell by the kernel: CPU seconds, address space, file size, open files, processes; wall-clock
+   time (the worker kills the cell's process group; a reply later than ``timeout_s`` + 2 s is not committed and
+   the worker is rebuilt at the next cell); output size (truncated with a note).
+3. Ended with the cell: when a cell returns, the supervisor kills every process of the lineage that is not a
+   live snapshot, a worker, or a descendant of another sandbox's worker (a cell in flight). When the lineage's
+   last sandbox or snapshot goes, its pid 1 is killed. The host exiting kills the jail (``--die-with-parent``).
 4. As root the jail runs as ``user`` (default ``nobody``) with no capability. As a normal user it runs as that
    user inside a user namespace: the same layers hold, but a kernel escape would act as that user.
 5. Not contained: the branches of one lineage (restores of one episode's native snapshots, i.e. one rollout
    tree) share its namespaces, uid and /tmp: a branch can signal or stop another live branch or a frozen
-   snapshot of the same tree (a snapshot that stops answering falls back to replay). A cell can read what
-   the jail binds (the Python installation, this folder). Memory, CPU and disk are bounded per cell and per
-   tmpfs, not per lineage in total. Kernel bugs reachable from an unprivileged user namespace are the residual
-   risk; run large untrusted workloads in a VM as well.
+   snapshot of the same tree (a snapshot that stops answering, or whose files changed, falls back to
+   replay). A cell can read what the jail binds (the Python installation, this folder). Memory and CPU are
+   bounded per process, not per lineage in total (no cgroup). Kernel bugs reachable from an unprivileged user
+   namespace are the residual risk; run large untrusted workloads in a VM as well.
 6. The audit hook that reports "blocked in the sandbox: ..." is a tripwire for clear error messages, not a
    layer: model code can turn it off, and nothing above relies on it.
 Weaker levels must be asked for by name (``isolation="namespaces"``: no seccomp; ``"none"``: no jail, not a
@@ -58,8 +64,8 @@ import atexit
 import base64
 import contextlib
 import itertools
+import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -71,7 +77,7 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
-from trace_gym.environments.sandbox import jail, wire
+from trace_gym.environments.sandbox import dirtree, jail, wire
 from trace_gym.environments.sandbox.jail import ISOLATIONS, SandboxUnavailableError
 from trace_gym.errors import ConfigError
 from trace_gym.processes import register_service
@@ -83,10 +89,12 @@ _SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_A
                 "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                 "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 _TEMPLATE_START_S = 120.0  # importing numpy and sympy on a loaded 2-core machine
-_LINEAGE_START_S = 30.0
-_SPAWN_S = 10.0  # a frozen fork that does not answer in time (stopped, dead) falls back to replay
-_CONTROL_S = 10.0
-_EXEC_SLACK_S = 15.0
+# Every wait on a sandbox process has one of these bounds (docs/sandbox.md sums them into the worst step).
+_LINEAGE_START_S = 30.0  # the template (trusted) forks the namespaces, the supervisor and the first worker
+_SPAWN_S = 10.0  # restore: a frozen fork that does not answer in time (stopped, dead) falls back to replay
+_SNAPSHOT_S = 10.0  # snapshot(), all of it; past it the snapshot is replay-only
+_CONTROL_S = 10.0  # a request to the supervisor (trusted): sweep, remove, digest
+_EXEC_GRACE_S = 2.0  # a cell's reply must reach the host within timeout_s + this, or the cell did not happen
 _keys = itertools.count(1)
 
 
@@ -105,10 +113,23 @@ class SandboxLimits:
     processes: int = 64
     """RLIMIT_NPROC: processes of the lineage (its own user namespace), snapshots included. With
     isolation="none" there is no user namespace: the count is every process of the sandbox user."""
+    open_files: int = 256
+    """RLIMIT_NOFILE of the cell process."""
     max_output_chars: int = 4000
     """Printed output plus the last value kept per cell; the rest is cut with a note."""
     traceback_lines: int = 6
     """Last lines of a traceback reported for an exception."""
+    disk_bytes: int = 64 << 20
+    """Files a lineage holds in all (its working directories, snapshot copies, /tmp and /dev/shm): the size
+    of its one tmpfs, gone with the lineage (isolation "jail" and "namespaces"; "none" has no quota)."""
+    replay_s: float = 20.0
+    """Wall-clock seconds for re-running committed cells to rebuild a worker (after a crash, or a restore
+    that falls back to replay); cells past it are dropped from the state, and the output says so."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.replay_s < 0 or self.disk_bytes < 1 << 20:
+            raise ConfigError(f"expected timeout_s > 0, replay_s >= 0 and disk_bytes >= 1 MiB, got "
+                              f"{self.timeout_s}, {self.replay_s}, {self.disk_bytes}; fix: pass larger limits")
 
 
 @dataclass(frozen=True)
@@ -153,12 +174,13 @@ class _Template:
             self.uid, self.gid = entry.pw_uid, entry.pw_gid
         namespaces = isolation != "none"
         program = jail.seccomp_program() if isolation == "jail" else b""  # raises when libseccomp is missing
-        self.root = tempfile.mkdtemp(prefix="trace-sandbox-")
+        self.root = tempfile.mkdtemp(prefix="trace-sandbox-")  # ours; the sandbox user cannot write in it
         if self.uid is not None:
             os.chmod(self.root, 0o711)
+        self.root_fd = dirtree.open_dir(self.root)
         ours, theirs = socket.socketpair()
         wire.passcred(ours)
-        argv = (jail.command(sys.executable, theirs.fileno(), self.root, as_root) if namespaces
+        argv = (jail.command(sys.executable, theirs.fileno(), as_root) if namespaces
                 else jail.direct_command(sys.executable, theirs.fileno()))
         debug = bool(os.environ.get("TRACE_SANDBOX_DEBUG"))
         errors = tempfile.TemporaryFile()  # noqa: SIM115 - read after the start, closed below
@@ -194,11 +216,15 @@ class _Template:
                 cls._instances[key] = t = cls(isolation, user)
             return t
 
-    def new_dir(self, prefix: str, parent: str | None = None) -> str:
-        path = tempfile.mkdtemp(prefix=prefix, dir=parent or self.root)
-        if self.uid is not None:
-            os.chown(path, self.uid, self.gid)
-        return path
+    def lineage_dir(self, name: str) -> None:
+        """Without namespaces: create the lineage's folder ``name`` in the root (which only we can write, so
+        nothing can be swapped in between) and give it, by descriptor, to the sandbox user."""
+        fd = dirtree.make_dir(self.root_fd, name, 0o700)
+        try:
+            if self.uid is not None:
+                os.fchown(fd, self.uid, self.gid)
+        finally:
+            os.close(fd)
 
     def shutdown(self) -> None:
         if self.owner == os.getpid() and self.proc.poll() is None:
@@ -206,7 +232,13 @@ class _Template:
             self.proc.wait()
         with contextlib.suppress(OSError):
             self.sock.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.owner == os.getpid():
+            with contextlib.suppress(OSError):
+                parent = dirtree.open_dir(os.path.dirname(self.root))
+                try:
+                    dirtree.remove(parent, os.path.basename(self.root))
+                finally:
+                    os.close(parent)
 
 
 _FIXES = {
@@ -225,12 +257,34 @@ def _sandbox_env() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- lineages
-class _Lineage:
-    """Host side of one lineage: its supervisor (pidfd + control channel), its directory, and who holds it."""
+def _pidfd_pid(fd: int) -> int | None:
+    """The pid (in this namespace) behind a pidfd, for inspection only."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    pid = int(line.split()[1])
+                    return pid if pid > 0 else None
+    except (OSError, ValueError):
+        pass
+    return None
 
-    def __init__(self, template: _Template):
-        self.template = template
-        self.dir = template.new_dir("L-")
+
+class _Lineage:
+    """Host side of one lineage: its supervisor (pidfd + control channel), its directory, and who holds it.
+
+    With namespaces the directory is a tmpfs that the supervisor mounts in the lineage's own mount namespace:
+    the host never creates, changes or removes a file in it (it vanishes with the lineage's last process).
+    Without namespaces the host creates the folder in its own root and removes it, by descriptor, at the end."""
+
+    def __init__(self, template: _Template, limits: SandboxLimits):
+        self.template, self.limits = template, limits
+        self.name = f"L-{next(_keys)}"
+        if template.isolation == "none":
+            self.dir = os.path.join(template.root, self.name)
+            template.lineage_dir(self.name)
+        else:
+            self.dir = jail.LINEAGE_DIR  # in the lineage's own mount namespace
         self.holders: dict[int, tuple[str, int]] = {}  # key -> ("worker" | "frozen", pid stamped by the kernel)
         self.lock = threading.RLock()
         self.ctl: socket.socket | None = None
@@ -239,25 +293,27 @@ class _Lineage:
 
     def start(self, workdir: str) -> tuple[socket.socket, int]:
         """Create the namespaces and the first worker; returns its channel and pid."""
+        deadline = time.monotonic() + _LINEAGE_START_S
         ctl, ctl_theirs = socket.socketpair()
         chan, chan_theirs = socket.socketpair()
         wire.passcred(chan)
         t = self.template
         try:
             with t.lock:
-                wire.send(t.sock, {"op": "lineage", "dir": self.dir, "root": t.root, "workdir": workdir},
-                          [ctl_theirs.fileno(), chan_theirs.fileno()])
+                wire.send(t.sock, {"op": "lineage", "dir": self.dir, "workdir": workdir,
+                                   "disk_bytes": self.limits.disk_bytes}, [ctl_theirs.fileno(), chan_theirs.fileno()],
+                          deadline=deadline)
         except OSError:
             pass
         ctl_theirs.close()
         chan_theirs.close()
         fds: list[int] = []
-        reply = wire.recv(ctl, time.monotonic() + _LINEAGE_START_S, fds)
+        reply = wire.recv(ctl, deadline, fds)
         self.ctl, self.pidfd = ctl, (fds[0] if reply is not None and reply.get("ok") and fds else None)
         for fd in fds[1:]:
             _close_fd(fd)
         writer: list[int] = []
-        hello = wire.recv(chan, time.monotonic() + _LINEAGE_START_S, writer=writer) if self.pidfd else None
+        hello = wire.recv(chan, deadline, writer=writer) if self.pidfd else None
         if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
             chan.close()
             self.end()
@@ -266,43 +322,69 @@ class _Lineage:
                                           f"{detail}; fix: " + _FIXES[t.isolation])
         return chan, writer[0]
 
-    def new_dir(self, prefix: str) -> str:
-        return self.template.new_dir(prefix, self.dir)
+    def path(self, prefix: str, key: int) -> str:
+        """The name a working ("w") or snapshot ("s") directory gets; the sandbox side creates it."""
+        return os.path.join(self.dir, f"{prefix}-{key}")
+
+    def host_path(self, path: str) -> str | None:
+        """Where the host can read ``path`` of this lineage (through its supervisor's root with namespaces)."""
+        if self.template.isolation == "none":
+            return path
+        pid = _pidfd_pid(self.pidfd) if self.pidfd is not None and not self.ended else None
+        return f"/proc/{pid}/root{path}" if pid else None
 
     def attach(self, key: int, kind: str, pid: int) -> None:
         with self.lock:
             self.holders[key] = (kind, pid)
 
-    def detach(self, key: int) -> None:
-        """``key`` is done: sweep what it leaves behind, or end the lineage if nothing else holds it."""
+    def detach(self, key: int, directory: str | None = None) -> None:
+        """``key`` is done: sweep what it leaves behind and remove its directory, or end the lineage if nothing
+        else holds it."""
         with self.lock:
             if self.holders.pop(key, None) is None or self.ended:
                 return
             if self.holders:
-                self.sweep()
+                self.sweep(remove=directory)
             else:
                 self.end()
 
-    def sweep(self) -> None:
-        """Ask the supervisor to kill every process of the lineage but the holders (and workers' children)."""
+    def _ask(self, msg: dict, fds: list[int] | None = None, deadline: float | None = None) -> dict | None:
+        """One request to the supervisor within _CONTROL_S (or by ``deadline``); a supervisor that does not
+        answer in time takes its lineage with it (snapshots then fall back to replay)."""
+        deadline = min(deadline or math.inf, time.monotonic() + _CONTROL_S)
         with self.lock:
-            fds, kinds = [], []
-            for kind, pid in self.holders.values():
-                with contextlib.suppress(OSError):
-                    fds.append(os.pidfd_open(pid))  # a stale pid names nothing in the lineage: ignored there
-                    kinds.append(kind)
             done = None
             try:
-                if self.ctl is not None:
-                    wire.send(self.ctl, {"op": "sweep", "kinds": kinds}, fds)
-                    done = wire.recv(self.ctl, time.monotonic() + _CONTROL_S)
+                if self.ctl is not None and not self.ended:
+                    wire.send(self.ctl, msg, fds, deadline=deadline)
+                    done = wire.recv(self.ctl, deadline)
             except OSError:
                 done = None
+            if done is None:
+                self.end()
+            return done
+
+    def sweep(self, idle: int | None = None, remove: str | None = None) -> None:
+        """Ask the supervisor to kill every process of the lineage but the holders (and the descendants of
+        workers other than ``idle``, whose cell has just ended), and to remove the directory ``remove``."""
+        with self.lock:
+            fds, kinds = [], []
+            for key, (kind, pid) in self.holders.items():
+                with contextlib.suppress(OSError):
+                    fds.append(os.pidfd_open(pid))  # a stale pid names nothing in the lineage: ignored there
+                    kinds.append("alone" if key == idle else kind)
+            try:
+                self._ask({"op": "sweep", "kinds": kinds,
+                           "remove": [os.path.basename(remove)] if remove else []}, fds)
             finally:
                 for fd in fds:
                     _close_fd(fd)
-            if done is None:
-                self.end()  # a supervisor that does not answer takes its lineage with it; snapshots fall back
+
+    def digest(self, path: str, deadline: float | None = None) -> str | None:
+        """The supervisor's digest of a directory of the lineage (None if it cannot tell)."""
+        done = self._ask({"op": "digest", "name": os.path.basename(path)}, deadline=deadline)
+        value = (done or {}).get("digest")
+        return value if isinstance(value, str) else None
 
     def end(self) -> None:
         """Kill the lineage's pid 1 (the kernel then kills all of it) and wait until it is gone."""
@@ -322,23 +404,24 @@ class _Lineage:
                     _wait_exit(self.pidfd, _CONTROL_S)
                 _close_fd(self.pidfd)
                 self.pidfd = None
-            shutil.rmtree(self.dir, ignore_errors=True)
+            if self.template.isolation == "none":
+                dirtree.remove(self.template.root_fd, self.name)
 
 
-def _spawn_from(frozen: _Frozen, workdir: str) -> tuple[socket.socket, int] | None:
-    """A new worker forked from a frozen snapshot, or None if the snapshot does not answer."""
+def _spawn_from(frozen: _Frozen, workdir: str, deadline: float) -> tuple[socket.socket, int] | None:
+    """A new worker forked from a frozen snapshot, or None if the snapshot does not answer by ``deadline``."""
     ours, theirs = socket.socketpair()
     wire.passcred(ours)
     try:
         with frozen.lock:
-            wire.send(frozen.sock, {"op": "spawn", "workdir": workdir}, [theirs.fileno()])
+            wire.send(frozen.sock, {"op": "spawn", "workdir": workdir}, [theirs.fileno()], deadline=deadline)
     except OSError:
         ours.close()
         return None
     finally:
         theirs.close()
     writer: list[int] = []
-    hello = wire.recv(ours, time.monotonic() + _SPAWN_S, writer=writer)
+    hello = wire.recv(ours, deadline, writer=writer)
     if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
         ours.close()
         return None
@@ -346,10 +429,11 @@ def _spawn_from(frozen: _Frozen, workdir: str) -> tuple[socket.socket, int] | No
 
 
 class _Frozen:
-    """OS resources of a native snapshot: the frozen process's channel, its lineage, its directory copy."""
+    """OS resources of a native snapshot: the frozen process's channel, its lineage, its directory copy and
+    that copy's digest (taken by the supervisor when the snapshot was made)."""
 
-    def __init__(self, sock: socket.socket, lineage: _Lineage, pid: int, directory: str):
-        self.sock, self.lineage, self.pid, self.directory = sock, lineage, pid, directory
+    def __init__(self, sock: socket.socket, lineage: _Lineage, pid: int, directory: str, digest: str):
+        self.sock, self.lineage, self.pid, self.directory, self.digest = sock, lineage, pid, directory, digest
         self.key, self.lock = next(_keys), threading.Lock()
         lineage.attach(self.key, "frozen", pid)
 
@@ -357,8 +441,7 @@ class _Frozen:
     def free(sock: socket.socket, lineage: _Lineage, key: int, directory: str) -> None:
         with contextlib.suppress(OSError):
             sock.close()  # the frozen fork exits on EOF; the sweep makes sure
-        lineage.detach(key)
-        shutil.rmtree(directory, ignore_errors=True)
+        lineage.detach(key, directory)
 
 
 class SandboxSnapshot:
@@ -406,43 +489,81 @@ class PythonSandbox:
 
     @property
     def workdir(self) -> str | None:
+        """The current worker's working directory, as the sandbox names it."""
         return self._workdir
 
-    def _start(self) -> str | None:
-        """Start a worker holding ``self.cells``: fork the source snapshot if it answers, else replay in a new
-        lineage. Returns a note when a native snapshot had to be replayed."""
+    @property
+    def host_workdir(self) -> str | None:
+        """Where the host can read the working directory (for inspection; with namespaces it lives in the
+        lineage's own mount namespace, reached through its supervisor's /proc root)."""
+        if self._workdir is None or self._lineage is None:
+            return None
+        return self._lineage.host_path(self._workdir)
+
+    def _start(self, deadline: float | None = None) -> str | None:
+        """Start a worker holding ``self.cells``: fork the source snapshot if it answers (and holds the files it
+        was taken with), else replay in a new lineage, re-running cells for at most ``limits.replay_s``. Returns
+        a note when the state is not what a native restore would give."""
         note, got, done = None, None, 0
         source = self._source
         if source is not None and source.alive:
             frozen = source._frozen
             assert frozen is not None
             lineage = frozen.lineage
-            workdir = lineage.new_dir("w-")
-            got = _spawn_from(frozen, workdir)
-            if got is None:
-                source.release()  # dead or stopped: from now on the snapshot restores by replay
-                shutil.rmtree(workdir, ignore_errors=True)
+            key = next(_keys)
+            workdir = lineage.path("w", key)
+            until = min(deadline or math.inf, time.monotonic() + _SPAWN_S)
+            got = _spawn_from(frozen, workdir, until)
+            if got is not None and lineage.digest(workdir, until) != frozen.digest:
+                got[0].close()  # not attached: the next sweep kills it
+                lineage.sweep(remove=workdir)
+                got = None
+                note = ("the native snapshot's files had been changed since it was taken; the state was rebuilt "
+                        "by re-running its cells")
+            elif got is None:
+                lineage.sweep(remove=workdir)
                 note = "the native snapshot did not answer; the state was rebuilt by re-running its cells"
+            if got is None:
+                source.release()  # from now on the snapshot restores by replay
             else:
                 done = len(source.cells)
         if got is None:
-            lineage = _Lineage(_Template.get(self.isolation, self.user))
-            workdir = lineage.new_dir("w-")
+            lineage = _Lineage(_Template.get(self.isolation, self.user), self.limits)
+            key = next(_keys)
+            workdir = lineage.path("w", key)
             got = lineage.start(workdir)
         sock, pid = got
         lineage.attach(self._key, "worker", pid)
         self._sock, self._pid, self._workdir, self._lineage = sock, pid, workdir, lineage
         self._finalizer = weakref.finalize(self, PythonSandbox._free, sock, lineage, self._key, workdir)
-        for code in self.cells[done:]:
-            self._exec(code)
+        if done < len(self.cells):
+            lost = self._replay(done)
+            if lost:
+                note = (f"{note}; " if note else "") + lost
         return note
+
+    def _replay(self, done: int) -> str | None:
+        """Re-run ``self.cells[done:]`` within ``limits.replay_s``; the cells that could not be re-run (out of
+        time, or no longer committing) are dropped from the state, and the note says so."""
+        deadline = time.monotonic() + self.limits.replay_s
+        total = len(self.cells)
+        for i in range(done, total):
+            result = self._exec(self.cells[i], deadline=deadline, sweep=False)
+            if result is None or not result.committed:
+                del self.cells[i:]
+                if result is None:
+                    self.close()
+                return (f"the state could be rebuilt only up to cell {i} of {total} within replay_s="
+                        f"{self.limits.replay_s} s; the effects of the later cells are lost")
+        assert self._lineage is not None
+        self._lineage.sweep(idle=self._key)  # what the re-run cells left running
+        return None
 
     @staticmethod
     def _free(sock: socket.socket, lineage: _Lineage, key: int, workdir: str) -> None:
         with contextlib.suppress(OSError):
             sock.close()  # the worker exits on EOF; the sweep (or the lineage's end) makes sure
-        lineage.detach(key)
-        shutil.rmtree(workdir, ignore_errors=True)
+        lineage.detach(key, workdir)
 
     def close(self) -> None:
         """End the worker and everything its cells started; remove its directory (idempotent). Snapshots stay
@@ -463,40 +584,58 @@ class PythonSandbox:
         self.close()
 
     def run(self, code: str) -> CellResult:
-        """Execute ``code`` in the episode's namespace. Never raises on model input."""
+        """Execute ``code`` in the episode's namespace. Never raises on model input.
+
+        One call waits at most: the worker's start (a new lineage, _LINEAGE_START_S, or a restore, _SPAWN_S), the
+        re-run of earlier cells (``limits.replay_s``), the cell (``timeout_s`` + _EXEC_GRACE_S) and the sweep of
+        what it left running (_CONTROL_S). A worker that dies or overruns is rebuilt at the next cell, not in
+        this one."""
         if not isinstance(code, str):
             return CellResult(f"Error: expected code as a string, got {type(code).__name__}", "sandbox_error", False)
         note = self._start() if self._sock is None else None
+        if self._sock is None:
+            return CellResult(f"Crashed: the sandbox's worker ended while its state was rebuilt ({note}); the cell "
+                              "was not run.", "crashed", False)
         result = self._exec(code)
-        if result is None:  # the worker itself died or stopped answering: rebuild it
+        if result is None:  # the worker died, stopped answering or overran: rebuilt at the next cell
             self.close()
-            again = self._start()
             how = ("by forking the snapshot it was restored from and re-running the cells after it"
-                   if again is None and self._source is not None and self._source.alive
-                   else "by re-running the previous cells in a new sandbox (random values may differ)")
-            return CellResult("Crashed: the sandbox's worker process ended or stopped answering during this cell; "
-                              f"the cell's changes were discarded and the earlier state was rebuilt {how}.",
-                              "crashed", False)
+                   if self._source is not None and self._source.alive
+                   else f"by re-running the {len(self.cells)} previous cells in a new sandbox (random values may "
+                        f"differ; at most replay_s={self.limits.replay_s} s)")
+            return CellResult("Crashed: the sandbox's worker process ended or did not answer within the cell's "
+                              f"timeout ({self.limits.timeout_s} s); the cell's changes were discarded and the "
+                              f"earlier state will be rebuilt at the next cell {how}.", "crashed", False)
         if result.committed:
             self.cells.append(code)
         if note:
             result = CellResult(f"{result.output}[note: {note}]\n", result.status, result.committed)
         return result
 
-    def _exec(self, code: str) -> CellResult | None:
-        """One cell in the current worker; None if the worker is gone or misbehaves."""
+    def _exec(self, code: str, deadline: float | None = None, sweep: bool = True) -> CellResult | None:
+        """One cell in the current worker, all of it (reply included) within its timeout + _EXEC_GRACE_S (and by
+        ``deadline``); None if the worker is gone, misbehaves or overruns."""
         assert self._sock is not None and self._lineage is not None
+        limits = asdict(self.limits)
+        now = time.monotonic()
+        if deadline is not None:
+            limits["timeout_s"] = min(self.limits.timeout_s, deadline - now)
+            if limits["timeout_s"] <= 0:
+                return CellResult("", "timeout", False)
+        own = now + limits["timeout_s"] + _EXEC_GRACE_S
         try:
-            wire.send(self._sock, {"op": "exec", "code": code, "limits": asdict(self.limits)})
+            wire.send(self._sock, {"op": "exec", "code": code, "limits": limits}, deadline=own)
         except OSError:
             return None
         writer: list[int] = []
-        reply = wire.recv(self._sock, time.monotonic() + self.limits.timeout_s + _EXEC_SLACK_S, writer=writer)
+        reply = wire.recv(self._sock, own, writer=writer)
         if reply is None:
             return None
         if writer and writer[0] > 0:  # after a commit the cell's process is the worker: the kernel says which
             self._pid = writer[0]
             self._lineage.attach(self._key, "worker", writer[0])
+        if sweep:
+            self._lineage.sweep(idle=self._key)  # nothing a cell started outlives it
         output = reply.get("output")
         output = output if isinstance(output, str) else ""
         if len(output) > self.limits.max_output_chars + 400:
@@ -505,28 +644,45 @@ class PythonSandbox:
         return CellResult(output, str(status), reply.get("committed") is True)
 
     def snapshot(self, native: bool = True) -> SandboxSnapshot:
-        """Freeze the current state. ``native``: a frozen fork; otherwise the cell list only (replayable)."""
+        """Freeze the current state within _SNAPSHOT_S. ``native``: a frozen fork whose files the supervisor
+        digests (a restore checks them); otherwise, or if that fails, the cell list only (replayable)."""
         cells = tuple(self.cells)
+        replay = SandboxSnapshot(cells, None, self.limits)
         if not native or not cells:
-            return SandboxSnapshot(cells, None, self.limits)  # no cell run yet: a fresh worker is the state
+            return replay  # no cell run yet: a fresh worker is the state
+        deadline = time.monotonic() + _SNAPSHOT_S
         if self._sock is None:
-            self._start()
+            source = self._source
+            if source is None or not source.alive or len(source.cells) != len(cells):
+                return replay  # rebuilding the worker here could take replay_s: the cells are the snapshot
+            self._start(deadline)
+            if self._sock is None or self._source is not source or not source.alive:
+                return replay
         assert self._sock is not None and self._lineage is not None
         lineage = self._lineage
-        directory = lineage.new_dir("s-")
+        directory = lineage.path("s", next(_keys))
         ours, theirs = socket.socketpair()
         wire.passcred(ours)
         with contextlib.suppress(OSError):
-            wire.send(self._sock, {"op": "snapshot", "dir": directory}, [theirs.fileno()])
+            wire.send(self._sock, {"op": "snapshot", "dir": directory}, [theirs.fileno()], deadline=deadline)
         theirs.close()
         writer: list[int] = []
-        hello = wire.recv(ours, time.monotonic() + _SPAWN_S + 20.0, writer=writer)
-        reply = wire.recv(self._sock, time.monotonic() + _SPAWN_S)
-        if hello is None or not hello.get("frozen") or not writer or writer[0] <= 0 or reply is None:
+        hello = wire.recv(ours, deadline, writer=writer)
+        reply = wire.recv(self._sock, deadline)
+        if reply is None:
+            self.close()  # a worker that overran is not trusted with the next cell: rebuilt then
+        if hello is None or not hello.get("frozen") or not writer or writer[0] <= 0 or not (reply or {}).get("ok"):
             ours.close()
-            shutil.rmtree(directory, ignore_errors=True)
-            return SandboxSnapshot(cells, None, self.limits)  # portable fallback: replay restores it
-        return SandboxSnapshot(cells, _Frozen(ours, lineage, writer[0], directory), self.limits)
+            lineage.sweep(remove=directory)
+            return replay
+        frozen = _Frozen(ours, lineage, writer[0], directory, "")
+        snap = SandboxSnapshot(cells, frozen, self.limits)
+        digest = lineage.digest(directory, deadline) if time.monotonic() < deadline else None
+        if digest is None:
+            snap.release()
+            return replay
+        frozen.digest = digest
+        return snap
 
     def restore(self, snapshot: SandboxSnapshot) -> None:
         """Replace the state by ``snapshot``'s; the snapshot stays reusable. The worker starts lazily, at the

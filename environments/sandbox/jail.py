@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from trace_gym.errors import TraceGymError
 
 ISOLATIONS = ("jail", "namespaces", "none")
+LINEAGE_DIR = "/run/lineage"  # where each lineage's tmpfs (its working directories and snapshots) is mounted
 _RUNTIME = os.path.join(os.path.dirname(os.path.realpath(__file__)), "runtime.py")  # the jail binds real paths
 
 
@@ -58,7 +59,14 @@ _DENIED = ("socket", "unshare", "setns", "mount", "umount2", "pivot_root", "chro
            "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff",
            "acct", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
            "quotactl", "open_by_handle_at", "name_to_handle_at", "syslog", "vhangup", "lookup_dcookie",
-           "fanotify_init", "mknod", "mknodat", "personality")
+           "fanotify_init", "mknod", "mknodat", "personality",
+           # What is counted per user across every lineage of the sandbox user (inotify instances, message
+           # queue bytes), or pins memory outside the cell's address space and the lineage's tmpfs (memfds,
+           # SysV segments and queues), or locks a file other episodes and the host can see (flock).
+           "inotify_init", "inotify_init1", "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
+           "mq_open", "mq_notify", "flock")
+# fcntl commands that take a lock or a lease: F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE
+_LOCK_COMMANDS = (6, 7, 37, 38, 1024)
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 _CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x80)
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
@@ -88,6 +96,8 @@ def seccomp_program() -> bytes:
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for request in (_TIOCSTI, _TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+    for command in _LOCK_COMMANDS:  # a read-only bound file is the same inode for every lineage and the host
+        f.add_rule(deny, "fcntl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, command))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
@@ -137,7 +147,7 @@ def _bind_with_parents(path: str, writable: bool, made: set[str]) -> list[str]:
     return [*args, "--bind" if writable else "--ro-bind", path, path]
 
 
-def command(python: str, fd: int, root: str, as_root: bool) -> list[str]:
+def command(python: str, fd: int, as_root: bool) -> list[str]:
     """The bubblewrap command that starts the template ``python -I runtime.py fd`` in its jail.
 
     As root, bubblewrap runs privileged (it can read a Python under /root) and hands the template CAP_SYS_ADMIN,
@@ -151,12 +161,12 @@ def command(python: str, fd: int, root: str, as_root: bool) -> list[str]:
                  "CAP_SETGID", "--dir", "/proc"]
     else:
         args += ["--unshare-user", "--proc", "/proc"]
-    args += ["--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run/lineage"]
+    args += ["--dev", "/dev", "--tmpfs", "/tmp", "--dir", LINEAGE_DIR]
     made: set[str] = set()
     for path in _python_paths():
         args += _bind_with_parents(path, False, made)
-    args += _bind_with_parents(root, True, made)
-    args += ["--chdir", root, "--", python, "-I", _RUNTIME, str(fd)]
+    # No host folder is writable in the jail: each lineage mounts its own tmpfs at LINEAGE_DIR.
+    args += ["--chdir", LINEAGE_DIR, "--", python, "-I", _RUNTIME, str(fd)]
     return args
 
 

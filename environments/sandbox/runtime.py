@@ -16,7 +16,6 @@ import ast
 import base64
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` leaves the script's folder out
+import dirtree
 import kernel
 import wire
 
@@ -174,6 +174,10 @@ def _set_limits(limits: dict[str, Any]) -> None:
                         (resource.RLIMIT_AS, int(limits.get("memory_bytes", 2 << 30))),
                         (resource.RLIMIT_FSIZE, int(limits.get("file_bytes", 16 << 20))),
                         (resource.RLIMIT_NPROC, int(limits.get("processes", 64))),
+                        (resource.RLIMIT_NOFILE, int(limits.get("open_files", 256))),
+                        # queued signals and POSIX message queue bytes are counted per user across every
+                        # lineage of the sandbox user: keep one lineage's share small
+                        (resource.RLIMIT_SIGPENDING, 256), (resource.RLIMIT_MSGQUEUE, 0),
                         (resource.RLIMIT_CORE, 0)):
         soft, hard = value if isinstance(value, tuple) else (value, value)
         _, current = resource.getrlimit(name)
@@ -209,6 +213,9 @@ class _Runtime:
     def serve(self, sock: socket.socket) -> None:
         """Answer the host's requests on ``sock`` until it closes. Never returns."""
         while True:
+            # children a cell left are killed by the supervisor's sweep when the cell ends: reap them
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+            _reap_zombies()
             fds: list[int] = []
             msg = wire.recv(sock, None, fds)
             if msg is None or msg.get("op") == "close":
@@ -290,7 +297,12 @@ class _Runtime:
         return host
 
     def _snapshot(self, host: socket.socket, channel: socket.socket, directory: str) -> None:
-        shutil.copytree(os.getcwd(), directory, dirs_exist_ok=True, symlinks=True)
+        try:
+            _copy_into(".", directory)
+        except OSError as exc:  # too deep, too many entries, the lineage's disk full: the host replays instead
+            channel.close()
+            wire.send(host, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            return
         pid = self.fork()
         if pid == 0:
             host.close()
@@ -317,27 +329,51 @@ class _Runtime:
             sock.close()
             channel = socket.socket(fileno=fds[0])
             workdir = str(msg.get("workdir"))
-            shutil.copytree(directory, workdir, dirs_exist_ok=True, symlinks=True)
+            try:
+                _copy_into(directory, workdir)
+            except OSError:
+                os._exit(1)  # the host falls back to replay
             os.chdir(workdir)
             _Guard.workdir = os.path.realpath(workdir)
             wire.send(channel, {"ready": True})
             self.serve(channel)
 
 
+def _copy_into(source: str, target: str) -> None:
+    """Copy the tree at ``source`` into the new directory ``target`` (whose parent is the lineage's folder)."""
+    src = dirtree.open_dir(source)
+    parent = dirtree.open_dir(os.path.dirname(target))
+    try:
+        dst = dirtree.make_dir(parent, os.path.basename(target))
+        try:
+            dirtree.copy(src, dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+        os.close(parent)
+
+
 # --------------------------------------------------------------------------- lineages
-def _lineage_mounts(lineage_dir: str, root: str) -> None:
-    """In the lineage's new mount namespace: its own /proc, /tmp and /dev/shm, and of the sandbox root only its
-    own directory (at the same path, so host and sandbox name files alike)."""
+_INODES = 32768  # files a lineage may hold at once (tmpfs inodes cost kernel memory outside the size limit)
+
+
+def _lineage_mounts(lineage_dir: str, disk_bytes: int) -> None:
+    """In the lineage's new mount namespace: its own /proc and devpts, and at ``lineage_dir`` a tmpfs of
+    ``disk_bytes`` that also holds /tmp and /dev/shm: one quota for every file the lineage writes, gone with the
+    lineage's last process. No host folder is writable here."""
     kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
     hidden = kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC
     kernel.mount("proc", "/proc", "proc", hidden)
-    kernel.mount(lineage_dir, "/run/lineage", None, kernel.MS_BIND | kernel.MS_REC)
-    kernel.mount("tmpfs", "/tmp", "tmpfs", hidden, "size=64m,mode=1777")
-    kernel.mount("tmpfs", "/dev/shm", "tmpfs", hidden, "size=64m,mode=1777")
-    if os.path.exists(lineage_dir):  # the root is not under /tmp: cover it too
-        kernel.mount("tmpfs", root, "tmpfs", hidden, "size=1m,mode=0755")
-    os.makedirs(lineage_dir, exist_ok=True)
-    kernel.mount("/run/lineage", lineage_dir, None, kernel.MS_MOVE)
+    # bubblewrap's /dev has one devpts instance for the whole jail; each lineage gets its own
+    kernel.mount("devpts", "/dev/pts", "devpts", kernel.MS_NOSUID | kernel.MS_NOEXEC, "newinstance,ptmxmode=0666")
+    if not os.path.islink("/dev/ptmx"):
+        kernel.mount("/dev/pts/ptmx", "/dev/ptmx", None, kernel.MS_BIND)
+    kernel.mount("tmpfs", lineage_dir, "tmpfs", hidden, f"size={disk_bytes},nr_inodes={_INODES},mode=0700")
+    for name, target in ((".tmp", "/tmp"), (".shm", "/dev/shm")):
+        os.mkdir(os.path.join(lineage_dir, name))
+        os.chmod(os.path.join(lineage_dir, name), 0o1777)
+        kernel.mount(os.path.join(lineage_dir, name), target, None, kernel.MS_BIND)
 
 
 def _living(namespaces: bool, me: int) -> dict[int, int]:
@@ -376,13 +412,13 @@ def _pidfd_pid(fd: int) -> int:
     return 0
 
 
-def _sweep(namespaces: bool, workers: set[int], frozen: set[int]) -> None:
-    """Kill every process of the lineage but the supervisor, the frozen forks in ``frozen`` and the workers in
-    ``workers`` with their descendants (a cell in flight, children a committed cell left)."""
+def _sweep(namespaces: bool, workers: set[int], alone: set[int]) -> None:
+    """Kill every process of the lineage but the supervisor, the processes in ``alone`` (frozen forks, a
+    worker whose cell just ended) and the workers in ``workers`` with their descendants (a cell in flight)."""
     me = os.getpid()
     for _ in range(1000):  # a fork bomb may add processes while we kill; RLIMIT_NPROC bounds it
         parents = _living(namespaces, me)
-        keep, frontier = set(frozen), set(workers)
+        keep, frontier = set(alone), set(workers)
         while frontier:
             keep |= frontier
             frontier = {p for p, pp in parents.items() if pp in frontier} - keep
@@ -395,23 +431,45 @@ def _sweep(namespaces: bool, workers: set[int], frozen: set[int]) -> None:
         time.sleep(0.001)
 
 
-def _supervise(ctl: socket.socket, namespaces: bool) -> None:
-    """The lineage's supervisor loop: sweep on request, end everything when the host hangs up."""
+def _own_name(name: Any) -> str | None:
+    """``name`` if it names a working or snapshot directory of the lineage (a plain name, nothing else)."""
+    if isinstance(name, str) and name[:2] in ("w-", "s-") and name[2:].isdigit():
+        return name
+    return None
+
+
+def _supervise(ctl: socket.socket, namespaces: bool, lineage: int) -> None:
+    """The lineage's supervisor loop: sweep, remove a directory or digest one on request, end everything when
+    the host hangs up. ``lineage`` is a descriptor of the lineage's folder."""
     while True:
         fds: list[int] = []
         msg = wire.recv(ctl, None, fds)
         if msg is None:
             _sweep(namespaces, set(), set())
             os._exit(0)  # as pid 1 of the lineage's namespace, this also kills what the sweep missed
+        if msg.get("op") == "digest":
+            name, value = _own_name(msg.get("name")), None
+            if name is not None:
+                with contextlib.suppress(OSError):
+                    fd = dirtree.open_dir(name, lineage)
+                    try:
+                        value = dirtree.digest(fd)
+                    finally:
+                        os.close(fd)
+            wire.send(ctl, {"digest": value})
+            continue
         kinds = msg.get("kinds") if isinstance(msg.get("kinds"), list) else []
-        workers, frozen = set(), set()
+        workers, alone = set(), set()
         for fd, kind in zip(fds, kinds):
             pid = _pidfd_pid(fd)
             if pid:
-                (frozen if kind == "frozen" else workers).add(pid)
+                (workers if kind == "worker" else alone).add(pid)
         for fd in fds:
             os.close(fd)
-        _sweep(namespaces, workers, frozen)
+        _sweep(namespaces, workers, alone)
+        for name in msg.get("remove") or []:
+            if _own_name(name) is not None:
+                dirtree.remove(lineage, name)
         wire.send(ctl, {"swept": True})
 
 
@@ -442,13 +500,17 @@ def _start_supervisor(runtime: _Runtime, msg: dict[str, Any], ctl: socket.socket
         signal.signal(sig, signal.SIG_IGN)  # pid 1 ignores what it has no handler for; none here
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # orphans of the lineage are reparented here: reap them
     try:
+        lineage_dir = str(msg["dir"])
         if namespaces:
-            _lineage_mounts(str(msg["dir"]), str(msg["root"]))
+            _lineage_mounts(lineage_dir, int(msg["disk_bytes"]))
         else:
             kernel.set_subreaper()
+        lineage = dirtree.open_dir(lineage_dir)
+        os.close(dirtree.make_dir(lineage, os.path.basename(str(msg["workdir"]))))
         wpid = runtime.fork()
         if wpid == 0:
             ctl.close()
+            os.close(lineage)
             _start_worker(runtime, chan, str(msg["workdir"]))
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     except Exception as exc:
@@ -456,7 +518,7 @@ def _start_supervisor(runtime: _Runtime, msg: dict[str, Any], ctl: socket.socket
             wire.send(chan, {"error": f"lineage setup failed: {type(exc).__name__}: {exc}"})
         os._exit(1)
     chan.close()
-    _supervise(ctl, namespaces)
+    _supervise(ctl, namespaces, lineage)
 
 
 def _start_worker(runtime: _Runtime, chan: socket.socket, workdir: str) -> None:

@@ -23,14 +23,28 @@ MAX_MESSAGE = 8 << 20  # bytes; a larger frame from a sandbox process is treated
 _UCRED = struct.Struct("iII")  # pid, uid, gid
 
 
-def send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
+def send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None,
+         deadline: float | None = None) -> None:
+    """Write one message. With a ``deadline`` (``time.monotonic()`` seconds), a peer that stops reading makes it
+    raise ``TimeoutError`` (an OSError) at the deadline instead of blocking: the host sends with one always."""
     data = json.dumps(obj).encode()
     frame = struct.pack("!I", len(data)) + data
-    if fds:
-        socket.send_fds(sock, [frame[:4]], fds)
-        sock.sendall(frame[4:])
-    else:
-        sock.sendall(frame)
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed before the message was sent")
+        sock.settimeout(left)  # sendall's timeout bounds the whole call, not each chunk
+    try:
+        if fds:
+            socket.send_fds(sock, [frame[:4]], fds)
+            if deadline is not None:
+                sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            sock.sendall(frame[4:])
+        else:
+            sock.sendall(frame)
+    finally:
+        if deadline is not None:
+            sock.settimeout(None)
 
 
 def passcred(sock: socket.socket) -> socket.socket:

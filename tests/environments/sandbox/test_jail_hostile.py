@@ -158,8 +158,7 @@ def test_no_write_outside_the_working_directory(box: PythonSandbox, tmp_path) ->
     probe.mkdir()
     probe.chmod(0o777)
     venv_file = os.path.join(sys.prefix, f"pwned-{uuid.uuid4().hex}")
-    root = os.path.dirname(os.path.dirname(box.workdir))  # the template's folder: every lineage's directory
-    root_file = os.path.join(root, f"pwned-{uuid.uuid4().hex}")
+    root_file = f"/run/pwned-{uuid.uuid4().hex}"  # next to the lineage's own folder
     targets = [str(probe / "a"), venv_file, root_file, "/usr/pwned", "/etc/pwned"]
     out = run(box, LIBC + f"for path in {targets!r}:\n"
                    "    try:\n        fd = os.open(os.path.dirname(path), os.O_RDONLY)\n"
@@ -179,10 +178,11 @@ def test_one_sandbox_cannot_see_or_touch_another_ones_files() -> None:
     with PythonSandbox(LIMITS) as a, PythonSandbox(LIMITS) as b:
         a.run("open('secret.txt', 'w').write('a')")
         target = os.path.join(a.workdir, "secret.txt")
+        seen = os.path.join(a.host_workdir, "secret.txt")
         out = b.run(HOOK_OFF + f"import os\ntry:\n    print(open({target!r}).read())\nexcept OSError as e:\n"
                                f"    print('no', e.errno)\ntry:\n    os.remove({target!r})\nexcept OSError as e:\n"
                                "    print('no', e.errno)").output
-        assert out.count("no ") == 2 and os.path.exists(target)
+        assert out.count("no ") == 2 and os.path.exists(seen)
     assert _settled() == []
 
 
@@ -235,16 +235,22 @@ def test_process_limits_are_per_sandbox() -> None:
     assert _settled() == []
 
 
-def test_daemons_children_and_threads_do_not_outlive_the_sandbox() -> None:
+def test_nothing_a_cell_starts_outlives_the_cell() -> None:
+    # A daemon (double fork + setsid), a plain child, a process that burns CPU: each is gone when its cell
+    # returns, and so is a thread the cell left (the cell is not committed).
     box = PythonSandbox(LIMITS)
+    box.run("1")
+    baseline = sandbox_processes()  # the supervisor and the worker
     daemon = HOOK_OFF + ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
                          "        time.sleep(600)\n    os._exit(0)\ntime.sleep(0.2)")
     child = HOOK_OFF + "import os, time\nif os.fork() == 0:\n    time.sleep(600)\n    os._exit(0)"
-    box.run(daemon)
-    box.run(child)
+    burner = HOOK_OFF + "import os\nif os.fork() == 0:\n    os.setsid()\n    while True:\n        pass"
+    for code in (daemon, child, burner):
+        box.run(code)
+        assert len(sandbox_processes()) == len(baseline), code
     out = box.run(HOOK_OFF + "import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\nz = 1")
     assert "thread" in out.output and not out.committed and box.run("print('z' in dir())").output == "False\n"
-    assert len(sandbox_processes()) >= 4
+    assert len(sandbox_processes()) == len(baseline)
     box.close()
     assert _settled() == []
 

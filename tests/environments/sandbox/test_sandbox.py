@@ -91,10 +91,12 @@ def test_replay_equals_native_restore(prefix: list[str], future: list[str]) -> N
 
 def test_working_directory_is_private_and_removed(box: PythonSandbox) -> None:
     box.run("open('data.txt', 'w').write('1')")
-    workdir = box.workdir
-    assert workdir and os.path.exists(os.path.join(workdir, "data.txt"))
+    seen = box.host_workdir  # in the lineage's own mount namespace, not on the host's disk
+    assert seen and box.workdir and not os.path.exists(box.workdir)
+    with open(os.path.join(seen, "data.txt")) as f:
+        assert f.read() == "1"
     box.close()
-    assert not os.path.exists(workdir)
+    assert not os.path.exists(seen)
 
 
 def test_release_and_close_end_every_process() -> None:
