@@ -93,6 +93,11 @@ def test_no_swapped_in_link_makes_the_host_chown_a_host_file(isolation: str, vic
         branch.close()
         snap.release()
     attack.join(60)
+    if isolation == "none":  # the lineage's folder sits in a root that only the host can write
+        st = os.stat(os.path.dirname(root))
+        assert st.st_uid == 0 and st.st_mode & 0o022 == 0
+    else:  # the lineage's folder is not on the host's file system at all
+        assert not os.path.exists(root) and box.host_workdir != box.workdir
     st = os.stat(victim)
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o600)
     with open(victim) as f:
