@@ -8,14 +8,16 @@ regexes so that megabytes of unclosed tags stay linear.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from trace_gym.errors import ConfigError
 from trace_gym.tools import Tool, ToolCall
 
-__all__ = ["ActionParser", "HermesParser", "ParsedAction", "TagParser", "ToolCall", "find_blocks", "format_answer"]
+__all__ = ["ActionParser", "HermesParser", "ParsedAction", "TagParser", "ToolCall", "find_blocks", "format_answer",
+           "load_json"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,19 @@ def find_blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], bo
     return bodies, False
 
 
+def load_json(text: str) -> tuple[Any, str | None]:
+    """``(value, None)`` for JSON text, else ``(None, why)`` with ``why`` written for the model. Never raises: an
+    integer past Python's 4,300-digit limit and nesting past the recursion limit are answered like bad JSON."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc})"
+    except ValueError:  # int() of a literal with more digits than sys.get_int_max_str_digits()
+        return None, f"JSON with an integer too long to read (over {sys.get_int_max_str_digits()} digits)"
+    except RecursionError:
+        return None, "JSON nested too deeply to read"
+
+
 def _answer(text: str) -> tuple[str | None, str | None]:
     bodies, unclosed = find_blocks(text, "<answer>", "</answer>")
     if unclosed and not bodies:
@@ -84,19 +99,17 @@ class HermesParser:
             return ParsedAction(text, error="unclosed <tool_call> tag: close each call with </tool_call>")
         calls = []
         for body in bodies:
-            try:
-                obj = json.loads(body)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                return ParsedAction(text, error=f"tool call is not valid JSON ({exc}); expected "
+            obj, problem = load_json(body)
+            if problem is not None:
+                return ParsedAction(text, error=f"tool call is {problem}; expected "
                                     '{"name": "<tool>", "arguments": {...}}')
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
                 return ParsedAction(text, error='expected a tool call object {"name": "<tool>", "arguments": {...}}')
             args = obj.get("arguments", {})
             if isinstance(args, str):  # some models emit the arguments as a JSON string
-                try:
-                    args = json.loads(args)
-                except (json.JSONDecodeError, RecursionError):
-                    return ParsedAction(text, error="tool call arguments are a string that is not JSON")
+                args, problem = load_json(args)
+                if problem is not None:
+                    return ParsedAction(text, error=f"tool call arguments are a string that is {problem}")
             if not isinstance(args, dict):
                 return ParsedAction(text, error=f"expected tool call arguments as an object, got {type(args).__name__}")
             calls.append(ToolCall(obj["name"], args))

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -17,6 +19,10 @@ import jsonschema
 from trace_gym.errors import ConfigError, ToolError
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object"}
+MAX_ARGUMENT_DEPTH = 32
+"""How deep a call's arguments may nest (lists, dicts): tool arguments written by hand never come close, while
+recursive code (schema validation, ``repr``, ``copy.deepcopy``) overflows the stack at a few hundred levels."""
+_LOG10_2 = math.log10(2)
 
 
 @dataclass(frozen=True)
@@ -95,16 +101,43 @@ def _json_type(hint: Any) -> dict[str, Any]:
     return {}
 
 
+def argument_problem(value: Any, max_depth: int = MAX_ARGUMENT_DEPTH) -> str | None:
+    """Why decoded call arguments (plain data: JSON or Python literals) cannot go to a tool, or None: nested
+    deeper than ``max_depth``, or an integer too long to print (``str()`` of it raises ``ValueError`` past
+    ``sys.get_int_max_str_digits()`` digits). Iterative, so any depth is answered without recursion."""
+    max_digits = sys.get_int_max_str_digits()
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple | set | frozenset):
+            children = item
+        else:
+            if isinstance(item, int) and max_digits and item.bit_length() * _LOG10_2 >= max_digits:
+                return f"an integer argument is too long (about {max_digits} digits or more)"
+            continue
+        if depth >= max_depth:
+            return f"arguments nested deeper than {max_depth} levels"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
 def call_tool(tools: Mapping[str, Tool], call: ToolCall, max_chars: int = 8000) -> tuple[str, str | None]:
     """Validate and run one call. Returns ``(observation, error)``.
 
-    The model's mistakes are answered, not raised: an unknown tool, arguments that break the schema, and a
+    The model's mistakes are answered, not raised: an unknown tool, arguments that break the schema (or nest
+    deeper than ``MAX_ARGUMENT_DEPTH``, or hold an integer too long to print), and a
     ``ToolError`` raised by the tool. Any other exception from the tool (a sandbox that cannot start, a bug)
     propagates: shown to the model, it would look like the model's fault and hide the failure from the run."""
     tool = tools.get(call.name)
     if tool is None:
         known = ", ".join(sorted(tools)) or "none"
         msg = f"unknown tool {call.name!r}; available tools: {known}"
+        return f"Error: {msg}", msg
+    problem = argument_problem(call.arguments)
+    if problem is not None:
+        msg = f"invalid arguments for {call.name}: {problem}"
         return f"Error: {msg}", msg
     problems = sorted(tool.validator.iter_errors(call.arguments), key=lambda e: list(e.path))
     if problems:

@@ -2,7 +2,8 @@
 
 Python-call strings (`[cd(folder='x'), ls()]`) are parsed with `ast`; each argument node goes through
 `ast.literal_eval`, so nothing is ever evaluated: `__import__('os').system('ls')` is a call whose callee is
-not a (dotted) name and decodes to a `BadCall`. Nothing here raises on model text.
+not a (dotted) name and decodes to a `BadCall`, and so are arguments nested deeper than
+`trace_gym.tools.MAX_ARGUMENT_DEPTH` or holding an integer too long to print. Nothing here raises on model text.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from trace_gym.actions import load_json
+from trace_gym.tools import argument_problem
 
 MAX_ACTION_CHARS = 200_000
 
@@ -76,22 +80,23 @@ def decode(text: str) -> Decoded:
 
 def _decode_hermes(body: str) -> Item:
     body = body.strip()
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        return BadCall(body[:200], f"tool call is not valid JSON ({e})")
+    obj, problem = load_json(body)
+    if problem is not None:
+        return BadCall(body[:200], f"tool call is {problem}")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return BadCall(body[:200], 'expected {"name": <function name>, "arguments": {...}}')
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some chat templates serialise the arguments object as a string
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except (ValueError, RecursionError) as e:
-            return BadCall(body[:200], f"arguments string is not valid JSON ({e})")
+        args, problem = load_json(args) if args.strip() else ({}, None)
+        if problem is not None:
+            return BadCall(body[:200], f"arguments string is {problem}")
     if args is None:
         args = {}
     if not isinstance(args, dict):
         return BadCall(body[:200], f"expected the arguments to be an object, got {type(args).__name__}")
+    problem = argument_problem(args)
+    if problem is not None:
+        return BadCall(body[:200], f"{obj['name'][:100]}: {problem}")
     return Call(obj["name"], args)
 
 
@@ -156,6 +161,9 @@ def _decode_call_node(node: ast.Call) -> Item:
         except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
             return BadCall(source, f"{name}: argument {kw.arg!r} must be a literal (string, number, list, "
                                    "dict, True/False/None)")
+    problem = argument_problem(args) or argument_problem(dict(enumerate(positional)))
+    if problem is not None:
+        return BadCall(source, f"{name}: {problem}")
     return Call(name, args, tuple(positional))
 
 

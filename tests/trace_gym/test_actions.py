@@ -113,3 +113,13 @@ def test_tag_format_refuses_calls_a_tag_cannot_write():
         TagParser().format(ToolCall("calc", {"a": 1, "b": 2}))
     with pytest.raises(ConfigError, match="without </search>"):
         TagParser().format(ToolCall("search", {"query": "a</search>b"}))
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ('{"name": "calc", "arguments": {"a": ' + "9" * 5000 + "}}", "integer too long to read (over 4300 digits)"),
+    ('{"name": "calc", "arguments": "{\\"a\\": ' + "9" * 5000 + '}"}', "integer too long to read"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_hermes_answers_json_python_cannot_read(body, fragment):
+    parsed = HermesParser().parse(f"<tool_call>{body}</tool_call>", TOOLS)
+    assert parsed.calls == () and fragment in parsed.error

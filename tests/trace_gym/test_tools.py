@@ -1,6 +1,9 @@
+import json
+
 import pytest
 
 from trace_gym import ConfigError, Tool, ToolCall, ToolError, call_tool
+from trace_gym.tools import argument_problem
 
 
 def lookup(key: str, limit: int = 3, exact: bool = False) -> str:
@@ -66,3 +69,20 @@ def test_invalid_tool_definitions_raise_config_errors():
         Tool("bad name", "d", {"type": "object"}, fn=print)
     with pytest.raises(ConfigError, match="type 'object'"):
         Tool("ok", "d", {"type": "string"}, fn=print)
+
+
+@pytest.mark.parametrize(("arguments", "fragment"), [
+    ({"key": "k", "limit": 10**5000}, "integer argument is too long"),
+    ({"key": "k", "extra": json.loads("[" * 40 + "]" * 40)}, "nested deeper than 32"),
+])
+def test_arguments_python_code_cannot_handle_are_error_observations(arguments, fragment):
+    observation, error = call_tool(TOOLS, ToolCall("lookup", arguments))
+    assert fragment in error and observation.startswith("Error: ")
+
+
+def test_argument_depth_is_checked_without_recursion():
+    nested: list = []
+    for _ in range(100_000):
+        nested = [nested]
+    assert argument_problem({"x": nested}) == "arguments nested deeper than 32 levels"
+    assert argument_problem({"x": [[["ok"]]], "n": 10**4000}) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keyword
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -84,3 +85,14 @@ def test_python_call_string_round_trips(calls):
     originals = [Call(name, args) for name, args in calls]
     decoded = decode("[" + ", ".join(to_python_call(c) for c in originals) + "]")
     assert decoded.items == tuple(originals)
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "ls", "arguments": {"a": ' + "[" * 500 + "]" * 500 + "}}</tool_call>",
+    "[ls(a=" + "[" * 90 + "]" * 90 + ")]",
+    "[ls(a=0x" + "f" * 20000 + ")]",
+    "[ls(0x" + "f" * 20000 + ")]",
+])
+def test_arguments_too_deep_or_too_long_to_print_are_bad_calls(text):
+    (item,) = decode(text).items
+    assert isinstance(item, BadCall) and ("nested deeper than" in item.error or "too long" in item.error)
