@@ -195,13 +195,16 @@ class TextEnv(gym.Env[str, str]):
         return "\n".join(f"[{m['role']}] {m['content']}" for m in self.messages)
 
     # ----------------------------------------------------------------- snapshots
-    def snapshot(self, kind: Literal["native", "replay"] = "native") -> Snapshot:
-        """Capture the episode. ``native`` is fast and local; ``replay`` is portable across instances."""
+    def snapshot(self, kind: Literal["native", "replay"] = "native", *, resources: bool = True) -> Snapshot:
+        """Capture the episode. ``native`` is fast and local; ``replay`` is portable across instances.
+        ``resources=False`` asks for a native snapshot that holds no OS resource (no frozen sandbox process): an
+        env whose native snapshots hold one rebuilds it when the restored episode next needs it (the sandbox
+        re-runs its cells), so the snapshot costs nothing until restored."""
         if self.task is None:
             raise SnapshotError("expected a started episode; call reset() before snapshot()")
         if kind == "native":
             self._check_untracked_state()
-            return self.native_snapshot()
+            return self.native_snapshot() if resources else self.native_snapshot(resources=False)
         if kind == "replay":
             return ReplaySnapshot(type(self).__qualname__, self.task, copy.deepcopy(self._rng_after_reset),
                                   tuple(self._actions))
@@ -211,9 +214,10 @@ class TextEnv(gym.Env[str, str]):
         """Return the env to ``snapshot``'s state; returns that state's observation and info."""
         return snapshot.restore_into(self)
 
-    def native_snapshot(self) -> Snapshot:
+    def native_snapshot(self, resources: bool = True) -> Snapshot:
         """A ``NativeSnapshot`` (deep copies of ``base_state()`` and ``state_dict()``); override it for state that
-        cannot be deep-copied (processes, handles)."""
+        cannot be deep-copied (processes, handles). ``resources=False``: hold no OS resource (see ``snapshot``);
+        a deep copy holds none either way."""
         return NativeSnapshot(self)
 
     def state_dict(self) -> dict[str, Any]:

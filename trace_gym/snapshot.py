@@ -5,7 +5,8 @@ restore changes a snapshot):
 - ``ReplaySnapshot``: portable. Task, the RNG state after reset, and the actions so far; restore = begin the
   task again and replay. Works across instances and processes (it pickles) for every env.
 - ``NativeSnapshot``: fast. A deep copy of the episode state. Envs holding OS resources (a sandbox process)
-  subclass it; those must free their resources in ``release()`` and on garbage collection.
+  subclass it; those must free their resources in ``release()`` and on garbage collection, and a released one
+  still restores (slower: it rebuilds what it freed, e.g. by re-running the sandbox's cells).
 """
 
 from __future__ import annotations

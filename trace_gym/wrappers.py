@@ -87,17 +87,19 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
     """A normal wrapper whose one new verb is ``branch(node_id)``: the next step becomes a new sibling.
 
     Every non-terminal node keeps a snapshot (``snapshot_kind``) until the next ``reset`` or ``close``;
-    ``info["node_id"]`` names the node a step created.
+    ``info["node_id"]`` names the node a step created. ``snapshot_resources=False``: native snapshots hold no OS
+    resource (``TextEnv.snapshot``), so they cost nothing until restored.
     """
 
-    def __init__(self, env: gym.Env[str, str], snapshot_kind: Literal["native", "replay"] = "native"):
+    def __init__(self, env: gym.Env[str, str], snapshot_kind: Literal["native", "replay"] = "native",
+                 snapshot_resources: bool = True):
         super().__init__(env)
         if not isinstance(env.unwrapped, TextEnv):
             raise ConfigError(f"expected a trace_gym TextEnv underneath, got {type(env.unwrapped).__name__}")
         if snapshot_kind not in ("native", "replay"):
             raise ConfigError(f"expected snapshot_kind 'native' or 'replay', got {snapshot_kind!r}")
         _check_branchable(env)
-        self.snapshot_kind = snapshot_kind
+        self.snapshot_kind, self.snapshot_resources = snapshot_kind, snapshot_resources
         self.tree: RolloutTree | None = None
         self.node_id = 0
         self._snapshots: dict[int, Snapshot] = {}
@@ -111,7 +113,9 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
 
     @property
     def snapshots(self) -> dict[int, Snapshot]:
-        """Snapshots of the non-terminal nodes by node id (read them; do not release them)."""
+        """Snapshots of the non-terminal nodes by node id. Whoever drives the wrapper may release one early (a
+        released snapshot still restores, rebuilding what it freed) or replace one with another snapshot of the
+        same node's state; the wrapper releases what it holds at ``reset`` and ``close``."""
         return self._snapshots
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -123,7 +127,7 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         root_info = {"task_id": info["task_id"], "messages": info["messages"], "tools": info.get("tools", [])}
         self.tree = RolloutTree(info["task_id"], obs, info=root_info)
         self.node_id = 0
-        self._snapshots[0] = self.base.snapshot(self.snapshot_kind)
+        self._snapshots[0] = self._snapshot()
         return obs, {**info, "node_id": 0}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -135,7 +139,7 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         node = self.tree.add(self.node_id, action, obs, reward, terminated, truncated, info)
         self.node_id = node.id
         if not (terminated or truncated):
-            self._snapshots[node.id] = self.base.snapshot(self.snapshot_kind)
+            self._snapshots[node.id] = self._snapshot()
         return obs, reward, terminated, truncated, {**info, "node_id": node.id}
 
     def branch(self, node_id: int) -> tuple[str, dict[str, Any]]:
@@ -166,6 +170,11 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         """Release every snapshot, then close the env."""
         self._release()
         super().close()
+
+    def _snapshot(self) -> Snapshot:
+        if self.snapshot_kind == "native" and not self.snapshot_resources:
+            return self.base.snapshot("native", resources=False)
+        return self.base.snapshot(self.snapshot_kind)
 
     def _release(self) -> None:
         for snap in self._snapshots.values():

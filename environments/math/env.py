@@ -151,11 +151,12 @@ def make_parser(action_format: str) -> ActionParser:
 
 
 class MathSnapshot(NativeSnapshot):
-    """Env state plus a frozen fork of the sandbox worker."""
+    """Env state plus a frozen fork of the sandbox worker (``fork=False``, or once released: the sandbox's cell
+    list only, re-run in a new lineage at the first cell after a restore)."""
 
-    def __init__(self, env: MathEnv):
+    def __init__(self, env: MathEnv, fork: bool = True):
         super().__init__(env)
-        self.sandbox: SandboxSnapshot = env.sandbox.snapshot(native=True)
+        self.sandbox: SandboxSnapshot = env.sandbox.snapshot(native=fork)
 
     def restore_into(self, env: TextEnv) -> tuple[str, dict[str, Any]]:
         out = super().restore_into(env)
@@ -211,8 +212,8 @@ class MathEnv(ToolEnv):
     def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
         return check_answer(answer, task.answer)
 
-    def native_snapshot(self) -> MathSnapshot:
-        return MathSnapshot(self)
+    def native_snapshot(self, resources: bool = True) -> MathSnapshot:
+        return MathSnapshot(self, fork=resources)
 
     def example_actions(self) -> list[str]:
         cells = ["x = 6 * 7\nprint(x)", "x = x + 1\nx", "import sympy as sp\nprint(sp.factorint(360))",

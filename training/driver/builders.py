@@ -15,6 +15,7 @@ import torch
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
+from trace_gym.training.allocation.allocators import StepBudget, make_allocator
 from trace_gym.training.allocation.predictor import (
     FeaturePredictor,
     HiddenStatePredictor,
@@ -23,7 +24,7 @@ from trace_gym.training.allocation.predictor import (
     with_memory,
 )
 from trace_gym.training.driver.config import TrainConfig
-from trace_gym.training.rollout.collector import Collector, TreeCollector
+from trace_gym.training.rollout.collector import Collector, SnapshotPolicy, TreeCollector
 
 
 def resolve_device(name: str) -> torch.device:
@@ -111,11 +112,15 @@ def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., to
 def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Task],
                    sampling: SamplingParams, tokenizer: Any, model_path: str) -> Collector:
     """The training collector: in this process on ``policy``, or Ray workers that each build their own policy
-    from ``model_path`` (`worker_policy`) and receive the trained weights through `update_weights`."""
+    from ``model_path`` (`worker_policy`) and receive the trained weights through `update_weights`. Its trees
+    keep native snapshots only where the allocator can branch (`SnapshotPolicy.for_allocator`)."""
+    allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
+    snapshots = SnapshotPolicy.for_allocator(allocator, StepBudget(cfg.alloc.roots, cfg.alloc.multiplier))
     if cfg.distributed == "ray":
         from trace_gym.training.rollout.ray_workers import RayTreeCollector
 
         return RayTreeCollector(functools.partial(worker_policy, cfg, model_path), make_env, tasks, sampling,
-                                tokenizer, cfg.env.snapshot, cfg.rollout.max_context, ray_config=cfg.ray)
+                                tokenizer, cfg.env.snapshot, cfg.rollout.max_context, ray_config=cfg.ray,
+                                snapshots=snapshots)
     return TreeCollector(policy, make_env, tasks, sampling, tokenizer, cfg.env.snapshot, cfg.env.workers,
-                         cfg.rollout.max_context)
+                         cfg.rollout.max_context, snapshots)

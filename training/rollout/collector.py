@@ -20,11 +20,19 @@ when not terminal, `obs_ids` (the template's rendering of what followed: observa
 generation prompt). `path_tokens(tree, node)` reads the record along a path (agents/chat.py's `Conversation`
 rules); `context_ids(tree, node)` is exactly the ids its action was sampled after.
 
+Snapshots (`SnapshotPolicy`): every node keeps one that holds no OS resource and costs nothing until restored
+(the sandbox re-runs the path's cells at the next cell). Only where a branch can grow, a bare rollout's node of
+a branching allocator whose path is costly to replay, does the tree keep a native one (a frozen sandbox
+process), and those are released as soon as the step's plan is known.
+
 Choices:
 1. A branch whose next prompt would exceed `max_context` tokens is cut: its node becomes a leaf with
    `truncated=True`, reward 0 and `info["stop_reason"] = "max_context"`.
 2. The sampling seed of a turn depends on (step seed, rollout index within the stage call, turn), never on
    batch composition, so runs repeat exactly with a fixed seed.
+3. A node's replay cost is the env time of its path as played (a step right after a restore counts at least
+   as the whole path: a resource-free restore replays it there); the snapshot kind changes what a restore costs,
+   never what it restores.
 """
 
 from __future__ import annotations
@@ -45,6 +53,28 @@ from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
 from trace_gym.wrappers import TreeRolloutWrapper
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    """Which nodes keep a native snapshot that holds OS resources (a frozen sandbox process). The others keep
+    one that holds none (`TextEnv.snapshot(resources=False)`), free until restored."""
+
+    branching: bool = True
+    """Whether the continuation stage may branch from the bare rollouts' nodes. False for allocators that never
+    expand prefixes (grpo, pcl): their trees hold no native snapshot at all."""
+    native_above_s: float = 0.2
+    """Least env time of a bare rollout node's path (seconds, what replaying it would cost) for which a branching
+    tree keeps a native snapshot there; 0 keeps one at every node the continuation stage may choose."""
+
+    def __post_init__(self) -> None:
+        if not self.native_above_s >= 0:
+            raise ConfigError(f"expected native_above_s >= 0, got {self.native_above_s}; fix: 0.2")
+
+    @classmethod
+    def for_allocator(cls, allocator: Any, budget: Any, native_above_s: float = 0.2) -> SnapshotPolicy:
+        """The policy for an `Allocator` spending a `StepBudget`: branching when it gives prefixes a budget."""
+        return cls(bool(allocator.prefix_budget(2, budget) > 0), native_above_s)
 
 
 @dataclass
@@ -130,6 +160,8 @@ class _Tree:
     task: Task
     messages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # env messages after each node
     convs: dict[int, Conversation] = field(default_factory=dict)  # token record at each open node
+    cost: dict[int, float] = field(default_factory=lambda: {0: 0.0})  # env seconds to replay each node's path
+    bare: bool = True  # its first run (bare rollouts) is still to come or under way: its nodes may be chosen
 
 
 @dataclass
@@ -185,11 +217,12 @@ class TreeCollector:
 
     def __init__(self, policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task],
                  sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
-                 workers: int = 4, max_context: int = 4096):
+                 workers: int = 4, max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
             raise ConfigError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
         self.policy, self.make_env, self.sampling, self.tokenizer = policy, make_env, sampling, tokenizer
         self.snapshot_kind, self.max_context = snapshot_kind, max_context
+        self.snapshots = snapshots or SnapshotPolicy()
         self.tasks = {t.id: t for t in tasks}
         self._pool: list[TreeRolloutWrapper] = []
         self._trees: dict[str, _Tree] = {}
@@ -259,7 +292,7 @@ class TreeCollector:
         wrapper.reset(options={"task": task})
         wrapper.adopt(tree, {node.id: dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
                              for node in tree if not node.is_terminal})
-        state = _Tree(wrapper, task)
+        state = _Tree(wrapper, task, bare=False)
         for node_id in sorted(set(nodes)):
             _, info = wrapper.branch(node_id)
             state.messages[node_id] = list(info["messages"])
@@ -276,6 +309,9 @@ class TreeCollector:
         if len(indices) != len(starts):
             raise ValueError(f"expected one index per start, got {len(indices)} for {len(starts)}")
         check_open(starts, self.trees)
+        continued = {tid for tid, _ in starts if not self._trees[tid].bare}
+        if continued:  # the plan is made: only its start nodes may still need a native snapshot this step
+            self._release_natives(set(starts))
         stats = CollectStats(trajectories=len(starts))
         active = [_Branch(tid, int(node), i) for (tid, node), i in zip(starts, indices)]
         while active:
@@ -294,11 +330,26 @@ class TreeCollector:
                 stats += part
             stats.env_s += time.perf_counter() - t0
             active = [b for b in active if not b.done]
+        if continued:  # nothing branches from this step's trees again
+            self._release_natives(set())
+        for tid, _ in starts:
+            self._trees[tid].bare = False
         return stats
 
     # ----------------------------------------------------------------- internals
     def _wrapper(self) -> TreeRolloutWrapper:
-        return self._pool.pop() if self._pool else TreeRolloutWrapper(self.make_env(), self.snapshot_kind)
+        if self._pool:
+            return self._pool.pop()
+        return TreeRolloutWrapper(self.make_env(), self.snapshot_kind, snapshot_resources=False)
+
+    def _release_natives(self, keep: set[tuple[str, int]]) -> None:
+        """Free the OS resources of every continued tree's snapshots but those at ``keep``; released snapshots
+        still restore (by rebuilding), so a later call from them is only slower."""
+        for tid, state in self._trees.items():
+            if not state.bare:
+                for node_id, snap in state.wrapper.snapshots.items():
+                    if (tid, node_id) not in keep:
+                        snap.release()
 
     def _request(self, b: _Branch, seed: int) -> Request:
         state = self._trees[b.task_id]
@@ -316,10 +367,21 @@ class TreeCollector:
     def _step(self, b: _Branch, g: Generation, stats: CollectStats) -> None:
         state = self._trees[b.task_id]
         w = state.wrapper
-        if w.node_id != b.node:
+        restored = w.node_id != b.node
+        if restored:
             w.branch(b.node)
+        t0 = time.perf_counter()
         obs, _, terminated, truncated, info = w.step(g.text)
+        spent = time.perf_counter() - t0
         node = w.tree[info["node_id"]]  # type: ignore[index]
+        # Choice 3: a step after a restore that rebuilt the state already spent the whole path's replay (and one
+        # after a native restore continues a path whose cost already passed the bar: the maximum keeps it there).
+        before = state.cost.get(b.node, 0.0)  # unknown for an adopted tree's nodes (never native: not bare)
+        state.cost[node.id] = max(spent, before) if restored else before + spent
+        if (not (terminated or truncated) and state.bare and self.snapshots.branching
+                and self.snapshot_kind == "native" and state.cost[node.id] >= self.snapshots.native_above_s):
+            w.snapshots.pop(node.id).release()
+            w.snapshots[node.id] = w.base.snapshot("native")
         ids = [int(t) for t in g.token_ids]
         if not ids and self.tokenizer is not None:  # a policy that reports no ids: record the turn as ended
             ids = [int(self.tokenizer.eos_token_id)]

@@ -34,7 +34,13 @@ from trace_gym.experts import Expert
 from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
 from trace_gym.training.driver.config import RayConfig
-from trace_gym.training.rollout.collector import CollectStats, TreeCollector, bare_starts, continuation_starts
+from trace_gym.training.rollout.collector import (
+    CollectStats,
+    SnapshotPolicy,
+    TreeCollector,
+    bare_starts,
+    continuation_starts,
+)
 from trace_gym.tree import RolloutTree
 
 __all__ = ["EnvExpert", "RayConfig", "RayTreeCollector", "RolloutWorker", "init_ray"]
@@ -106,10 +112,10 @@ class RolloutWorker:
 
     def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
                  sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native", threads: int = 2,
-                 max_context: int = 4096):
+                 max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
         self.policy = make_policy()
         self.collector = _WorkerCollector(self.policy, make_env, tasks, sampling, tokenizer, snapshot_kind,
-                                          threads, max_context)
+                                          threads, max_context, snapshots)
 
     def begin_step(self) -> None:
         self.collector.begin_step()
@@ -140,7 +146,8 @@ class RayTreeCollector:
 
     def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
                  sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
-                 max_context: int = 4096, ray_config: RayConfig | None = None):
+                 max_context: int = 4096, ray_config: RayConfig | None = None,
+                 snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
             raise ConfigError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
         self.cfg = ray_config or RayConfig()
@@ -150,7 +157,7 @@ class RayTreeCollector:
         self.tasks = {t.id: t for t in tasks}
         actor = ray.remote(num_cpus=self.cfg.cpus_per_worker, num_gpus=self.cfg.gpus_per_worker)(RolloutWorker)
         self.workers = [actor.remote(make_policy, make_env, list(tasks), sampling, tokenizer, snapshot_kind,
-                                     self.cfg.env_threads, max_context) for _ in range(self.cfg.workers)]
+                                     self.cfg.env_threads, max_context, snapshots) for _ in range(self.cfg.workers)]
         self.alive = [True] * len(self.workers)
         self.failures = 0
         """Worker deaths seen so far (each one's unfinished calls were re-run elsewhere)."""
