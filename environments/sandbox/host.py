@@ -49,9 +49,10 @@ Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and
 5. Not contained: the branches of one lineage (restores of one episode's native snapshots, i.e. one rollout
    tree) share its namespaces, uid and /tmp: a branch can signal or stop another live branch or a frozen
    snapshot of the same tree (a snapshot that stops answering, or whose files changed, falls back to
-   replay). A cell can read what the jail binds (the Python installation, this folder). Memory and CPU are
-   bounded per process, not per lineage in total (no cgroup). Kernel bugs reachable from an unprivileged user
-   namespace are the residual risk; run large untrusted workloads in a VM as well.
+   replay). A cell can read what the jail binds (the Python installation, this folder). A lineage's memory is
+   bounded in all by its own memory cgroup where the host can make one, else per process only; CPU per cell.
+   Kernel bugs reachable from an unprivileged user namespace are the residual risk; run large untrusted
+   workloads in a VM as well.
 6. The audit hook that reports "blocked in the sandbox: ..." is a tripwire for clear error messages, not a
    layer: model code can turn it off, and nothing above relies on it.
 Weaker levels must be asked for by name (``isolation="namespaces"``: no seccomp; ``"none"``: no jail, not a
@@ -77,7 +78,7 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
-from trace_gym.environments.sandbox import dirtree, jail, wire
+from trace_gym.environments.sandbox import dirtree, jail, memcg, wire
 from trace_gym.environments.sandbox.jail import ISOLATIONS, SandboxUnavailableError
 from trace_gym.errors import ConfigError
 from trace_gym.processes import register_service
@@ -122,6 +123,9 @@ class SandboxLimits:
     disk_bytes: int = 64 << 20
     """Files a lineage holds in all (its working directories, snapshot copies, /tmp and /dev/shm): the size
     of its one tmpfs, gone with the lineage (isolation "jail" and "namespaces"; "none" has no quota)."""
+    lineage_memory_bytes: int = 4 << 30
+    """Memory of a lineage in all (its processes, its tmpfs, kernel buffers): the limit of its own memory
+    cgroup, where this host process can make one (see ``memcg.py``); elsewhere memory is bounded per process."""
     replay_s: float = 20.0
     """Wall-clock seconds for re-running committed cells to rebuild a worker (after a crash, or a restore
     that falls back to replay); cells past it are dropped from the state, and the output says so."""
@@ -178,6 +182,7 @@ class _Template:
         if self.uid is not None:
             os.chmod(self.root, 0o711)
         self.root_fd = dirtree.open_dir(self.root)
+        self.stale_groups: list[memcg.MemoryGroup] = []
         ours, theirs = socket.socketpair()
         wire.passcred(ours)
         argv = (jail.command(sys.executable, theirs.fileno(), as_root) if namespaces
@@ -232,6 +237,8 @@ class _Template:
             self.proc.wait()
         with contextlib.suppress(OSError):
             self.sock.close()
+        for group in self.stale_groups:
+            group.remove()
         if self.owner == os.getpid():
             with contextlib.suppress(OSError):
                 parent = dirtree.open_dir(os.path.dirname(self.root))
@@ -289,6 +296,7 @@ class _Lineage:
         self.lock = threading.RLock()
         self.ctl: socket.socket | None = None
         self.pidfd: int | None = None
+        self.memory: memcg.MemoryGroup | None = None
         self.ended = False
 
     def start(self, workdir: str) -> tuple[socket.socket, int]:
@@ -320,6 +328,20 @@ class _Lineage:
             detail = (hello or reply or {}).get("error") or "the template did not answer"
             raise SandboxUnavailableError(f"expected a new sandbox lineage (isolation={t.isolation!r}), got: "
                                           f"{detail}; fix: " + _FIXES[t.isolation])
+        if memcg.available():  # the supervisor and the first worker exist, no cell has run: all the rest is born in
+            supervisor = _pidfd_pid(self.pidfd)
+            try:
+                self.memory = memcg.MemoryGroup(f"trace-sandbox-{os.getpid()}-{self.name}",
+                                                self.limits.lineage_memory_bytes)
+                for pid in (supervisor, writer[0]):
+                    if pid:
+                        self.memory.add(pid)
+            except OSError as e:
+                chan.close()
+                self.end()
+                raise SandboxUnavailableError(
+                    f"expected a memory cgroup for the sandbox lineage, got {type(e).__name__}: {e}; fix: check that "
+                    "this process may create cgroups where /proc/self/cgroup puts it") from e
         return chan, writer[0]
 
     def path(self, prefix: str, key: int) -> str:
@@ -404,6 +426,8 @@ class _Lineage:
                     _wait_exit(self.pidfd, _CONTROL_S)
                 _close_fd(self.pidfd)
                 self.pidfd = None
+            if self.memory is not None and not self.memory.remove():
+                self.template.stale_groups.append(self.memory)  # its last process is still exiting: retried later
             if self.template.isolation == "none":
                 dirtree.remove(self.template.root_fd, self.name)
 

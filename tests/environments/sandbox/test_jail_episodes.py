@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trace_gym.environments.sandbox import dirtree
+from trace_gym.environments.sandbox import dirtree, memcg
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes, start_template
 
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=1 << 30, processes=32, max_output_chars=2000)
@@ -248,6 +248,23 @@ def test_one_disk_quota_per_lineage_for_every_file_it_writes() -> None:
         assert 4 <= wrote <= 8  # all three places draw on one 8 MiB quota
         assert int(run(b, write)) >= 4  # another episode's quota is its own
         assert a.run("print(6*7)").output == "42\n"
+    assert _settled() == []
+
+
+HOG = ("import os, time\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+       "        held = b'x' * (100 << 20)\n        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
+       "print(sum(os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in kids))")
+
+
+@pytest.mark.skipif(not memcg.available(), reason="this host process cannot make memory cgroups: memory is "
+                                                   "bounded per process only (docs/sandbox.md)")
+def test_a_lineage_s_memory_is_bounded_in_total() -> None:
+    # Six processes of 100 MiB each, every one under its own address-space limit: together over the lineage's.
+    limits = SandboxLimits(timeout_s=20.0, cpu_s=20, lineage_memory_bytes=256 << 20)
+    with PythonSandbox(limits) as box, PythonSandbox(LIMITS) as other:
+        killed = int(run(box, HOG))
+        assert killed >= 3  # at most two 100 MiB processes fit in 256 MiB at once
+        assert box.run("print(6*7)").output == "42\n" and other.run("print(6*7)").output == "42\n"
     assert _settled() == []
 
 
