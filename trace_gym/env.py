@@ -19,7 +19,8 @@ from trace_gym.tasks import Task
 from trace_gym.tools import Tool, call_tool
 
 _BASE_FIELDS = frozenset({"task", "turn_count", "messages", "observation_space", "action_space", "max_turns",
-                          "max_action_chars", "render_mode", "tasks", "spec", "parser", "tool_map"})
+                          "max_action_chars", "render_mode", "tasks", "spec", "parser", "tool_map", "max_tool_calls",
+                          "max_result_chars"})
 _MISSING = object()
 _FINGERPRINT_BUDGET = 10_000
 
@@ -314,9 +315,18 @@ class ToolEnv(TextEnv):
     episode, and the generic tool instructions can be most of an episode's tokens."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, parser: ActionParser | None = None,
-                 **kwargs: Any):
+                 max_tool_calls: int = 4, max_result_chars: int = 8000, **kwargs: Any):
+        """``max_tool_calls``: calls run per turn; the rest are answered ``Error: not run: ...``, so that a turn
+        costs at most this many times the slowest tool's own bound (a 32k-character action holds hundreds of
+        calls). ``max_result_chars``: each call's result is cut there, with a note."""
+        if max_tool_calls < 1:
+            raise ConfigError(f"expected max_tool_calls >= 1, got {max_tool_calls}")
+        if max_result_chars < 1:
+            raise ConfigError(f"expected max_result_chars >= 1, got {max_result_chars}")
         super().__init__(tasks=tasks, max_turns=max_turns, **kwargs)
         self.parser: ActionParser = parser or HermesParser()
+        self.max_tool_calls = max_tool_calls
+        self.max_result_chars = max_result_chars
 
     def tools(self) -> Sequence[Tool]:
         """The tools the model may call (e.g. ``[Tool.from_function(self.lookup)]``); none by default."""
@@ -362,11 +372,16 @@ class ToolEnv(TextEnv):
             info = {**verdict, "answer": parsed.answer, "stop_reason": "answer"}
             return Turn("", reward=reward, terminated=True, info=info, messages=[])
         results, errors = [], []
-        for call in parsed.calls:
-            text, error = call_tool(self.tool_map, call)
+        for call in parsed.calls[: self.max_tool_calls]:
+            text, error = call_tool(self.tool_map, call, max_chars=self.max_result_chars)
             results.append(text)
             if error:
                 errors.append(error)
+        excess = len(parsed.calls) - len(results)
+        if excess > 0:  # one message per call still, so that native tool calls each get their reply
+            over = f"not run: over the limit of {self.max_tool_calls} tool calls per turn"
+            results += [f"Error: {over}"] + ["Error: not run"] * (excess - 1)
+            errors.append(f"{excess} calls {over}")
         info: dict[str, Any] = {"tool_calls": len(parsed.calls)}
         if errors:
             info["error"] = "; ".join(errors)

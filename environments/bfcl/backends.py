@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -51,6 +52,18 @@ _CLASS_MODULES = {
 assert set(_CLASS_MODULES) == set(FUNC_DOC_FILES)
 STATELESS_CLASSES = frozenset({"MathAPI"})  # executable_backend_config.STATELESS_CLASSES
 CALL_BOUND = Bound(timeout_s=5.0, memory_bytes=1 << 30, max_result_bytes=16 << 20)
+MAX_CALLS_PER_STEP = 8
+"""Function calls run per step; the bundled ground truth makes at most 7 in a user turn, except in long context
+(up to 34: the scripted expert spreads them over several steps)."""
+STEP_TIME_S = 10.0
+"""Seconds that the calls of one step share: each call gets what is left, at most ``CALL_BOUND.timeout_s``."""
+MAX_RESULT_CHARS = 40_000
+"""A call's result is cut here: the longest result of the bundled ground truth is 31,706 characters (a
+long-context file listing), while a model can make results of megabytes (``mean`` of a long list, ``cat`` of a
+file grown call by call)."""
+MAX_STATE_DEPTH = 100
+"""How deep a backend's state may nest (the bundled scenarios reach 15); a model can build deeper state one
+``mkdir``/``cd`` at a time, and the recursive copies of snapshots overflow the stack at a few hundred levels."""
 
 
 def backend_class(name: str) -> type:
@@ -172,14 +185,58 @@ def process_state_kept():
         decimal.setcontext(saved_decimal)
 
 
-def run_method(instance: Any, name: str, arguments: Mapping[str, Any], stateless: bool) -> tuple[str, bool, Any]:
-    """One call on ``instance``: (result text, ok, the instance's state after it; None if stateless). Runs in the
-    bounded call's child for model calls."""
+def truncate_result(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters, with a note of how much was cut."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"\n[... truncated {len(text) - max_chars} characters]"
+
+
+def state_depth_problem(state: Any, max_depth: int = MAX_STATE_DEPTH) -> str | None:
+    """Why a backend's state is too deep to keep, or None. Iterative, in the order of a recursive copy (depth
+    first, attributes in order, each object once: a directory points back to its parent), so the depth found is
+    the depth of the copy's recursion; an object of bfcl-eval counts as one level."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(state, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple | set | frozenset):
+            children = item
+        elif type(item).__module__.startswith("bfcl_eval.") and hasattr(item, "__dict__"):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            children = vars(item).values()
+        else:
+            continue
+        if depth >= max_depth:
+            return f"the backend's state would nest deeper than {max_depth} levels"
+        stack.extend((child, depth + 1) for child in reversed(list(children)))
+    return None
+
+
+def run_method(instance: Any, name: str, arguments: Mapping[str, Any], stateless: bool,
+               max_chars: int = MAX_RESULT_CHARS) -> tuple[str, bool, Any]:
+    """One call on ``instance``: (result text cut to ``max_chars``, ok, the instance's state after it; None if
+    stateless). Runs in the bounded call's child for model calls. A call that would make the state deeper than
+    ``MAX_STATE_DEPTH`` is not applied (its state is not returned): deeper state breaks the recursive copies of
+    snapshots."""
     try:
         text, ok = format_result(getattr(instance, name)(**arguments)), True
     except Exception as e:  # a backend raising on odd input is a model mistake, reported as BFCL does
-        text, ok = f"Error during execution: {e}", False
-    return text, ok, None if stateless else instance.__dict__
+        try:
+            text, ok = f"Error during execution: {e}", False
+        except ValueError:  # str() of an exception that holds an integer too long to print
+            text, ok = f"Error during execution: {type(e).__name__}", False
+    text = truncate_result(text, max_chars)
+    if stateless:
+        return text, ok, None
+    problem = state_depth_problem(instance.__dict__)
+    if problem is not None:
+        return f"Error: the call was not applied: {problem}.", False, None
+    return text, ok, instance.__dict__
 
 
 @functools.cache
@@ -190,12 +247,26 @@ def state_classes(cls: type) -> tuple[type, ...]:
     return tuple(c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__)
 
 
+_WARMED: set[tuple[int, str]] = set()  # (pid, backend module) already imported by this process's call server
+
+
+def warm_call_server(class_names: Sequence[str]) -> None:
+    """Import the backends' modules in the call server now (once per process), so that the first model call of
+    an episode does not spend its step's time on imports."""
+    modules = {backend_class(name).__module__ for name in class_names} - {m for p, m in _WARMED if p == os.getpid()}
+    if modules:
+        bounded_call(truncate_result, "", 1, bound=CALL_BOUND, warm=tuple(sorted(modules)))
+        _WARMED.update((os.getpid(), m) for m in modules)
+
+
 def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mapping[str, Mapping[str, Any]],
-            validators: Validators, call: Call, bounded: bool = True) -> tuple[str, bool]:
+            validators: Validators, call: Call, bounded: bool = True, timeout_s: float | None = None,
+            max_chars: int = MAX_RESULT_CHARS) -> tuple[str, bool]:
     """Run one decoded call on the owned instances: (result text, ok). Never raises on model input.
 
     `docs` are the functions visible to the model now; a call to anything else is refused. `bounded=False` runs
-    it here (trusted ground-truth calls only)."""
+    it here (trusted ground-truth calls only). `timeout_s` (at most `CALL_BOUND.timeout_s`) bounds the call;
+    its result is cut to `max_chars`."""
     doc = docs.get(call.name)
     if doc is None or call.name not in owners:
         return f"Error: no function named {call.name!r} is available.", False
@@ -216,7 +287,8 @@ def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mappi
         with process_state_kept():
             text, ok, _ = run_method(instance, call.name, arguments, True)
         return text, ok
-    outcome = bounded_call(run_method, instance, call.name, dict(arguments), stateless, bound=CALL_BOUND,
+    bound = CALL_BOUND if timeout_s is None else replace(CALL_BOUND, timeout_s=min(timeout_s, CALL_BOUND.timeout_s))
+    outcome = bounded_call(run_method, instance, call.name, dict(arguments), stateless, max_chars, bound=bound,
                            warm=(type(instance).__module__,), classes=state_classes(type(instance)))
     if not outcome.ok:
         return f"Error during execution: the call was stopped ({outcome.error}).", False
@@ -224,4 +296,4 @@ def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mappi
     if state is not None:
         instance.__dict__.clear()
         instance.__dict__.update(state)
-    return text, ok
+    return truncate_result(str(text), max_chars), bool(ok)

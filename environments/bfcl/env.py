@@ -15,6 +15,11 @@ Where this deviates from BFCL's inference loop (bfcl_eval/model_handler/base_han
    own ground truth calls one before its reveal (multi_turn_miss_func_49 calls `tail` in turn 1).
 3. The per-turn step limit (BFCL's MAXIMUM_STEP_LIMIT, 20) ends the episode with reward 0, as BFCL's
    force-quit fails the entry; error-only steps count towards it.
+4. A step is bounded whatever the model writes (BFCL bounds none of this): at most ``max_calls_per_step`` (8)
+   calls run, sharing ``step_time_s`` (10 s; each call at most ``CALL_BOUND.timeout_s``, 5 s); later calls are
+   answered ``Error: not run: ...`` and may be made in the next step; each result is cut at
+   ``max_result_chars`` (40,000 characters, above the longest of the ground truth). So a step takes at most
+   about 10 s and its observation holds at most about 320,000 characters.
 Single-turn episode: one step; the answer's calls go to bfcl_eval's ast_checker (irrelevance: right iff no
 call). Left out: web_search (network), memory (the vector backend loads a hub model), Java/JavaScript, live.
 """
@@ -23,13 +28,14 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trace_gym.env import TextEnv, Turn
 from trace_gym.environments.bfcl import backends, checker
-from trace_gym.environments.bfcl.calls import Call, Decoded, decode, parse_ground_truth_call, to_python_call
+from trace_gym.environments.bfcl.calls import BadCall, Call, Decoded, decode, parse_ground_truth_call, to_python_call
 from trace_gym.environments.bfcl.data import (
     MULTI_TURN_CATEGORIES,
     SINGLE_TURN_CATEGORIES,
@@ -44,6 +50,7 @@ from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
 
 MAX_STEPS_PER_TURN = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
+_MIN_CALL_S = 0.05  # below this a bounded call cannot even start its child
 ADDITIONAL_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
 
 CALL_FORMAT = """To call functions, write one or more blocks
@@ -63,6 +70,14 @@ SINGLE_TURN_SYSTEM = ("You are an expert in composing functions. You are given a
                       "functions. Based on the question, make the function call(s) that answer it, all in one "
                       "reply. If none of the functions can be used, reply in plain text without a call.\n\n"
                       + CALL_FORMAT)
+
+
+def _shown(call: Call) -> str:
+    """A call as the tool message names it (its BFCL Python form, cut at 200 characters)."""
+    try:
+        return to_python_call(call)[:200]
+    except ValueError:  # repr of an integer too long to print (a hex literal in the Python-call form)
+        return call.name[:200]
 
 
 def _tools_text(docs: Sequence[Mapping[str, Any]]) -> str:
@@ -119,10 +134,20 @@ class BFCLMultiTurnEnv(TextEnv):
                       "verdicts")
 
     def __init__(self, category: str = "multi_turn_base", split: Split = "train", max_turns: int = 200,
-                 tasks: Sequence[Task] | None = None, strict_types: bool = False, **kwargs: Any):
+                 tasks: Sequence[Task] | None = None, strict_types: bool = False,
+                 max_calls_per_step: int = backends.MAX_CALLS_PER_STEP, step_time_s: float = backends.STEP_TIME_S,
+                 max_result_chars: int = backends.MAX_RESULT_CHARS, **kwargs: Any):
+        """``max_calls_per_step``: calls run per step, the rest answered ``Error: not run``; ``step_time_s``: the
+        calls of one step share this many seconds (each is also bounded by ``backends.CALL_BOUND``); a call's
+        result is cut at ``max_result_chars``. See the module docstring, point 4."""
         if category not in MULTI_TURN_CATEGORIES:
             raise ConfigError(f"expected a multi-turn category in {MULTI_TURN_CATEGORIES}, got {category!r}")
+        if max_calls_per_step < 1 or step_time_s <= 0 or max_result_chars < 1:
+            raise ConfigError(f"expected max_calls_per_step >= 1, step_time_s > 0 and max_result_chars >= 1, got "
+                              f"{max_calls_per_step}, {step_time_s} and {max_result_chars}")
         super().__init__(tasks=tasks, max_turns=max_turns, **kwargs)
+        self.max_calls_per_step, self.step_time_s = max_calls_per_step, step_time_s
+        self.max_result_chars = max_result_chars
         self.category, self.split = category, split
         self.long_context = "long_context" in category
         self.validators = backends.Validators(strict_types=strict_types)
@@ -175,6 +200,7 @@ class BFCLMultiTurnEnv(TextEnv):
         every, held = self._docs(task)
         hidden = {d["name"] for ds in held.values() for d in ds}
         self.instances = backends.make_instances(task.meta, self.long_context)
+        backends.warm_call_server(list(self.instances))
         self.visible = [name for name in every if name not in hidden]
         self.turn_index = self.steps_in_turn = self.calls_in_turn = 0
         self.model_results, self.verdicts = [], []
@@ -197,13 +223,23 @@ class BFCLMultiTurnEnv(TextEnv):
         docs, _ = self._docs(self.task)
         owners = self._owners()
         results, messages, errors = [], [], []
+        deadline, ran, over = time.monotonic() + self.step_time_s, 0, False
         for item in decoded.items:
-            if isinstance(item, Call):
-                text, ok = backends.execute(self.instances, owners, docs, self.validators, item)
-                self.model_results.append(text)
-                shown = to_python_call(item)
-            else:
+            if isinstance(item, BadCall):
                 text, ok, shown = f"Error: {item.error}", False, item.text
+            elif ran >= self.max_calls_per_step:
+                text = (f"Error: not run: over the limit of {self.max_calls_per_step} function calls per step; "
+                        "make it in the next step") if not over else "Error: not run"
+                ok, shown, over = False, _shown(item), True
+            elif (left := deadline - time.monotonic()) <= _MIN_CALL_S:
+                text, ok, shown = (f"Error: not run: this step's calls took its {self.step_time_s:g} s; make it "
+                                   "in the next step", False, _shown(item))
+            else:
+                ran += 1
+                text, ok = backends.execute(self.instances, owners, docs, self.validators, item, timeout_s=left,
+                                            max_chars=self.max_result_chars)
+                self.model_results.append(text)
+                shown = _shown(item)
             if not ok:
                 errors.append(text)
             results.append((shown, text))
@@ -244,7 +280,7 @@ class BFCLMultiTurnEnv(TextEnv):
 
     def expert(self, noise: float = 0.0, seed: int = 0) -> BFCLExpert:
         """The scripted ground-truth player for this env's tasks (trace_gym.experts.Expert protocol)."""
-        return BFCLExpert(noise=noise, seed=seed)
+        return BFCLExpert(noise=noise, seed=seed, max_calls_per_step=self.max_calls_per_step)
 
     def example_actions(self) -> list[str]:
         if self.task is None:

@@ -1,8 +1,9 @@
 """Scripted BFCL expert: plays the ground truth, with a noise knob that drops, reorders or perturbs a call.
 
 Protocol (trace_gym.experts.Expert): `act(task, messages) -> str`, where `messages` is the env's
-`info["messages"]`. Multi-turn: in the first step of each user turn it sends all of that turn's ground-truth
-calls in one Python-call list (or Hermes blocks), then replies in plain text, which ends the user turn.
+`info["messages"]`. Multi-turn: in the first steps of each user turn it sends that turn's ground-truth calls,
+`max_calls_per_step` per step (the env's limit), in one Python-call list (or Hermes blocks) per step, then
+replies in plain text, which ends the user turn.
 Single-turn: one answer with a first acceptable value per parameter (irrelevance: a plain-text refusal).
 With probability `noise` per turn it corrupts the turn's calls with one of `corruptions`.
 """
@@ -15,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_gym.actions import HermesParser
-from trace_gym.environments.bfcl.backends import keyword_call
+from trace_gym.environments.bfcl.backends import MAX_CALLS_PER_STEP, keyword_call
 from trace_gym.environments.bfcl.calls import Call, parse_ground_truth_call, to_python_call
 from trace_gym.tasks import Task
 from trace_gym.tools import ToolCall
@@ -71,9 +72,14 @@ class BFCLExpert:
     """Ground-truth player for BFCLMultiTurnEnv and BFCLSingleTurnEnv tasks."""
 
     def __init__(self, noise: float = 0.0, seed: int = 0, style: Literal["python", "hermes"] = "python",
-                 corruptions: Sequence[Corruption] = ("drop", "reorder", "perturb")):
+                 corruptions: Sequence[Corruption] = ("drop", "reorder", "perturb"),
+                 max_calls_per_step: int = MAX_CALLS_PER_STEP):
         if not 0.0 <= noise <= 1.0:
             raise ValueError(f"expected noise in [0, 1], got {noise}; fix: pass a probability")
+        if max_calls_per_step < 1:
+            raise ValueError(f"expected max_calls_per_step >= 1, got {max_calls_per_step}")
+        self.max_calls_per_step = max_calls_per_step
+        self._turn: tuple[str, int, list[Call]] = ("", -1, [])  # (task id, user turn, the calls planned for it)
         if style not in ("python", "hermes"):
             raise ValueError(f"expected style 'python' or 'hermes', got {style!r}")
         self.noise, self.style, self.corruptions = noise, style, tuple(corruptions)
@@ -85,13 +91,20 @@ class BFCLExpert:
         if "initial_config" not in task.meta:  # single-turn
             return self.render(self.corrupt(single_turn_calls(task.answer, task.meta["function"])))
         turn, step = self._position(messages)
-        calls = task.answer[turn] if turn < len(task.answer) else []
-        if step > 0 or not calls:
-            return DONE
-        decoded = [parse_ground_truth_call(c) for c in calls]
+        if step == 0:  # the turn's calls, corrupted once per turn, then sent a step's share at a time
+            decoded = self._ground_truth(task, turn)
+            self._turn = (task.id, turn, self.corrupt(decoded) if decoded else [])
+        # A later step of another turn than the last planned (a branch of a tree): its clean calls.
+        planned = self._turn[2] if self._turn[:2] == (task.id, turn) else self._ground_truth(task, turn)
+        k = self.max_calls_per_step
+        share = planned[step * k:(step + 1) * k]
+        return self.render(share) if share else DONE
+
+    def _ground_truth(self, task: Task, turn: int) -> list[Call]:
+        decoded = [parse_ground_truth_call(c) for c in (task.answer[turn] if turn < len(task.answer) else [])]
         if self.style == "hermes":  # JSON has no positional arguments: name them from the method signature
             decoded = [keyword_call(task.meta["involved_classes"], c) for c in decoded]
-        return self.render(self.corrupt(decoded))
+        return decoded
 
     @staticmethod
     def _position(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:

@@ -95,6 +95,7 @@ class MultiHopQAEnv(ToolEnv):
         success_f1: float = 0.3,
         tasks: Sequence[Task] | None = None,
         max_turns: int = 8,
+        max_tool_calls: int = 4,
         render_mode: str | None = None,
     ):
         if dataset not in DATASETS:
@@ -111,7 +112,8 @@ class MultiHopQAEnv(ToolEnv):
         if top_k < 1:
             raise ConfigError(f"expected top_k >= 1, got {top_k}")
         parser: ActionParser = HermesParser() if action_format == "hermes" else TagParser()
-        super().__init__(tasks=tasks, max_turns=max_turns, parser=parser, render_mode=render_mode)
+        super().__init__(tasks=tasks, max_turns=max_turns, parser=parser, max_tool_calls=max_tool_calls,
+                         render_mode=render_mode)
         self.dataset = dataset
         self.split = split
         if isinstance(data_path, str | os.PathLike):

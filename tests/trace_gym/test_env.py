@@ -39,6 +39,8 @@ class Lookup(ToolEnv):
         """Look a key up."""
         if key == "bug":
             return {"a": "1"}["b"]  # the tool's own defect
+        if key == "long":
+            return "x" * 100
         if key not in ("a", "b"):
             raise ToolError(f"expected key 'a' or 'b', got {key!r}")
         return key.upper()
@@ -64,3 +66,21 @@ def test_a_tool_with_a_bug_raises_out_of_step() -> None:
     env.reset(seed=0)
     with pytest.raises(KeyError):
         env.step(_call("bug"))
+
+
+def test_calls_past_the_per_turn_limit_are_answered_not_run() -> None:
+    env = Lookup(tasks=[Task(id="t", prompt="Look up a.")], max_tool_calls=2)
+    env.reset(seed=0)
+    action = HermesParser().format(*(ToolCall("lookup", {"key": k}) for k in "abab"))
+    obs, *_, info = env.step(action)
+    replies = [m["content"] for m in info["messages"][-4:]]
+    over = "not run: over the limit of 2 tool calls per turn"
+    assert replies == ["A", "B", f"Error: {over}", "Error: not run"] and obs == "\n\n".join(replies)
+    assert info["error"] == f"2 calls {over}" and info["tool_calls"] == 4
+
+
+def test_each_result_is_cut_at_max_result_chars() -> None:
+    env = Lookup(tasks=[Task(id="t", prompt="Look up a.")], max_result_chars=10)
+    env.reset(seed=0)
+    obs, *_ = env.step(_call("long"))
+    assert obs == "x" * 10 + "\n[... truncated 90 characters]"
