@@ -2,32 +2,30 @@
 
 An answer is untrusted text and is never run as code. Order of checks (the first that says "equal" wins):
 normalised strings; exact rationals and decimals; the expression grammar of ``expressions.py`` (a parser that
-cannot run code, with size limits), whose constant trees compare as exact rationals here; then, in a bounded
-call, math-verify's LaTeX parser (sets, intervals, tuples, matrices) and sympy's ``simplify`` on trees built by
-the grammar node by node. Neither ``sympify``/``parse_expr`` on a string nor math-verify's plain-expression
-parser (which calls ``parse_expr``) is used, and the checking process refuses both (``refuse_code_from_strings``).
+cannot run code, with size limits), whose constant trees compare as exact rationals here; then, in the jail
+(``jailed.py``), math-verify's LaTeX parser (sets, intervals, tuples, matrices) and sympy's ``simplify`` on trees
+built by the grammar node by node (``symbolic.py``). Neither ``sympify``/``parse_expr`` on a string nor
+math-verify's plain-expression parser (which calls ``parse_expr``) is used, and the checking process refuses
+both (``symbolic.refuse_code_from_strings``).
 Binary reward; the parsed forms are returned for ``info``. Nothing here raises on an answer.
 
 Time and memory bound: the checks here are linear in the answer's length (inputs over ``MAX_CHARS`` get only
 the string check), and the grammar sizes every constant power and factorial before computing it, so
-``9^{9^{9^{9}}}`` or ``(10^{10})!`` get 0 with ``info["method"] == "too_large"`` at once. math-verify and sympy run
-in a child process (``sandbox.bounded``) killed ``TIMEOUT_S`` seconds after it starts, with its memory capped: an
-answer that makes them work too long gets 0 with ``info["method"] == "timeout"`` and a note.
+``9^{9^{9^{9}}}`` or ``(10^{10})!`` get 0 with ``info["method"] == "too_large"`` at once. The jailed check has a
+cell's limits (``jailed.LIMITS``): an answer that makes it work too long gets 0 with ``info["method"] ==
+"timeout"`` and a note.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 from fractions import Fraction
 from typing import Any
 
-from trace_gym.environments.math import expressions
-from trace_gym.environments.sandbox.bounded import Bound, bounded_call
+from trace_gym.environments.math import expressions, jailed
 
 MAX_CHARS = expressions.MAX_CHARS
-TIMEOUT_S = 5
-MEMORY_BYTES = 2 << 30  # what the symbolic check may add to the call server's address space
+TIMEOUT_S = jailed.TIMEOUT_S
 
 _UNIT_WORDS = (r"(?:dollars?|cents?|units?|degrees?|cm|mm|km|m|meters?|inches|inch|feet|foot|ft|miles?|hours?|"
                r"minutes?|seconds?|days?|weeks?|years?|pounds?|ounces?|kg|g|grams?|liters?|mph|sq|square)")
@@ -124,93 +122,10 @@ def _grammar(s: str) -> expressions.Node | None:
         return None
 
 
-def _math_verify(gold: str, pred: str) -> tuple[bool, str, str]:
-    from math_verify import LatexExtractionConfig, parse, verify
-
-    # LaTeX extraction only: math-verify's ExprExtractionConfig hands the text to sympy's parse_expr (eval).
-    configs = [LatexExtractionConfig()]
-    # The bounded call runs this in a child's main thread, where math-verify's own SIGALRM timeouts work.
-    g = parse(f"${gold}$", extraction_config=configs, parsing_timeout=TIMEOUT_S)  # type: ignore[arg-type]
-    p = parse(f"${pred}$", extraction_config=configs, parsing_timeout=TIMEOUT_S)  # type: ignore[arg-type]
-    if not g or not p:
-        return False, str(g[0]) if g else "", str(p[0]) if p else ""
-    ok = bool(verify(g, p, timeout_seconds=TIMEOUT_S))  # type: ignore[arg-type]
-    return ok, str(g[0]), str(p[0])
-
-
-def _sympy_equal(gold: str, pred: str) -> bool:
-    """Both parsed by the grammar, built into sympy node by node, and ``simplify(gold - pred) == 0``."""
-    import sympy
-
-    a, b = expressions.to_sympy(expressions.parse(gold)), expressions.to_sympy(expressions.parse(pred))
-    if isinstance(a, tuple) or isinstance(b, tuple):
-        return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(
-            sympy.simplify(x - y) == 0 for x, y in zip(a, b))
-    return bool(sympy.simplify(a - b) == 0)
-
-
-def refuse_code_from_strings() -> None:
-    """Close, in the checking process, every way from a string to Python code: sympy's string parser accepts
-    only number literals (what math-verify's LaTeX parser hands ``sympy.Number``) and never calls ``eval``; an
-    audit hook refuses to compile any source that is not a file. A path to ``eval`` missed by the review of
-    these libraries then fails the check (reward 0) instead of running the answer. Irreversible: call it only
-    in a process that exists for one check."""
-    import sys
-
-    import sympy
-    from sympy.parsing import sympy_parser
-
-    def numbers_only(s: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(s, str) and re.fullmatch(r"[0-9]+", s.strip(), re.ASCII):
-            return sympy.Integer(int(s))
-        if isinstance(s, str) and re.fullmatch(r"[0-9]*\.[0-9]*(?:e-?[0-9]+)?", s.strip(), re.ASCII | re.I):
-            return sympy.Float(s.strip())
-        raise ValueError("the answer checker does not parse strings as code")
-
-    def no_eval(*args: Any, **kwargs: Any) -> Any:
-        raise ValueError("the answer checker does not evaluate strings")
-
-    sympy_parser.parse_expr = numbers_only
-    sympy_parser.eval_expr = no_eval
-
-    def hook(event: str, args: tuple[Any, ...]) -> None:
-        if event == "compile" and not (isinstance(args[1], str) and args[1].startswith("/")):
-            raise RuntimeError("the answer checker compiles no code at run time")
-
-    sys.addaudithook(hook)
-
-
-def symbolic_check(golds: list[tuple[str, str]], pred: str, p: str) -> tuple[str | None, str, str]:
-    """math-verify (its LaTeX parser), then sympy on the grammar's trees, against each (raw, normalised) gold:
-    (method or None, parsed gold, parsed pred). Runs inside a bounded call, in a process that lives for this
-    check only; an exception in one check counts as "not equal"."""
-    refuse_code_from_strings()
-    parsed_gold, parsed_pred = "", ""
-    for g_raw, g in golds:
-        try:
-            ok, parsed_gold, parsed_pred = _math_verify(g_raw, pred)
-        except Exception:
-            ok = False
-        if ok:
-            return "math_verify", parsed_gold, parsed_pred
-        try:
-            if _sympy_equal(g, p):
-                return "sympy", parsed_gold, parsed_pred
-        except Exception:
-            pass
-    return None, parsed_gold, parsed_pred
-
-
-def warm_up() -> None:
-    """Load math-verify's and sympy's parsers once (in the call server), so each check starts warm."""
-    for gold, pred in (("\\frac{1}{2}", "x^2"), ("(3,\\frac{\\pi}{2})", "(3,\\pi/2)"), ("[2,5)", "\\sqrt{2}/2")):
-        _math_verify(gold, pred)
-        with contextlib.suppress(Exception):
-            _sympy_equal(normalize(gold), normalize(pred))
-
-
-def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
-    """Reward 1.0 if ``pred`` is equivalent to ``gold`` (a string or a list of aliases), else 0.0, plus info."""
+def check_answer(pred: str | None, gold: Any, isolation: str = "jail",
+                 user: str | None = "nobody") -> tuple[float, dict[str, Any]]:
+    """Reward 1.0 if ``pred`` is equivalent to ``gold`` (a string or a list of aliases), else 0.0, plus info.
+    ``isolation`` and ``user``: the jail the symbolic check runs in (those of the env's sandbox)."""
     golds = [format_gold(g) for g in gold] if isinstance(gold, list | tuple) else [format_gold(gold)]
     info: dict[str, Any] = {"gold": golds[0], "parsed_answer": None, "method": None}
     if not isinstance(pred, str) or not pred.strip():
@@ -253,8 +168,7 @@ def check_answer(pred: str | None, gold: Any) -> tuple[float, dict[str, Any]]:
             symbolic.append((g_raw, g))
     if symbolic:
         raw = pred if len(pred) <= MAX_CHARS else p  # math-verify reads the raw LaTeX when it is short
-        outcome = bounded_call(symbolic_check, symbolic, raw, p, bound=Bound(TIMEOUT_S, MEMORY_BYTES),
-                               warm=(f"{__name__}:warm_up",))
+        outcome = jailed.symbolic_check(symbolic, raw, p, isolation=isolation, user=user)
         if not outcome.ok:
             info.update(method="timeout" if outcome.timed_out else "error",
                         note=f"the symbolic check stopped ({outcome.error}); the answer counts as wrong")

@@ -210,7 +210,7 @@ class MathEnv(ToolEnv):
         return super().begin(task)
 
     def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
-        return check_answer(answer, task.answer)
+        return check_answer(answer, task.answer, isolation=self.sandbox.isolation, user=self.sandbox.user)
 
     def native_snapshot(self, resources: bool = True) -> MathSnapshot:
         return MathSnapshot(self, fork=resources)

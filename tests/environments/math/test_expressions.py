@@ -6,7 +6,7 @@ import pytest
 import sympy
 
 from trace_gym.environments.math import expressions
-from trace_gym.environments.math.answers import _sympy_equal, refuse_code_from_strings
+from trace_gym.environments.math.symbolic import refuse_code_from_strings, sympy_equal
 from trace_gym.environments.sandbox.bounded import bounded_call
 
 VALUES = [
@@ -109,7 +109,7 @@ def test_length_nesting_and_literal_size_are_limited() -> None:
     ("(1,2)", "3", False),
 ])
 def test_sympy_on_grammar_trees_decides_equivalence(gold: str, pred: str, equal: bool) -> None:
-    assert _sympy_equal(gold, pred) is equal
+    assert sympy_equal(gold, pred) is equal
 
 
 def sympify_after_refusal(text: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from tests.environments.math import hostile_answers
 from trace_gym.env_specs import make_env
 from trace_gym.environments.math.answers import check_answer
-from trace_gym.environments.sandbox.bounded import start_server
+from trace_gym.environments.math.jailed import start_checker
 from trace_gym.processes import descendant_pids
 from trace_gym.registration import ENV_SPECS
 
@@ -33,7 +33,7 @@ def corpus(marker_dir) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def baseline() -> set[int]:
-    start_server()  # the per-process call server lives by design; the leak check is about what answers start
+    start_checker()  # the per-process checker lives by design; the leak check is about what answers start
     return descendant_pids()
 
 
