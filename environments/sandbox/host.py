@@ -504,6 +504,7 @@ class PythonSandbox:
         self._pid: int | None = None
         self._workdir: str | None = None
         self._source: SandboxSnapshot | None = None  # the snapshot the next worker starts from
+        self._note: str | None = None  # what the next cell's output must say about how its state was rebuilt
         self._finalizer: weakref.finalize | None = None
 
     @property
@@ -524,11 +525,12 @@ class PythonSandbox:
             return None
         return self._lineage.host_path(self._workdir)
 
-    def _start(self, deadline: float | None = None) -> str | None:
+    def _start(self, deadline: float | None = None, fallback: bool = True) -> str | None:
         """Start a worker holding ``self.cells``: fork the source snapshot if it answers (and holds the files it
-        was taken with), else replay in a new lineage, re-running cells for at most ``limits.replay_s``. Returns
-        a note when the state is not what a native restore would give."""
-        note, got, done = None, None, 0
+        was taken with), else (with ``fallback``) replay in a new lineage, re-running cells for at most
+        ``limits.replay_s``. Returns a note when the state is not what a native restore would give."""
+        note, self._note = self._note, None
+        got, done = None, 0
         source = self._source
         if source is not None and source.alive:
             frozen = source._frozen
@@ -551,6 +553,9 @@ class PythonSandbox:
                 source.release()  # from now on the snapshot restores by replay
             else:
                 done = len(source.cells)
+        if got is None and not fallback:
+            self._note = note  # for the cell that does the replay
+            return None
         if got is None:
             lineage = _Lineage(_Template.get(self.isolation, self.user), self.limits)
             key = next(_keys)
@@ -599,7 +604,7 @@ class PythonSandbox:
     def reset(self) -> None:
         """Forget all state: the next cell starts a fresh worker from the template."""
         self.close()
-        self.cells, self._source = [], None
+        self.cells, self._source, self._note = [], None, None
 
     def __enter__(self) -> PythonSandbox:
         return self
@@ -679,7 +684,7 @@ class PythonSandbox:
             source = self._source
             if source is None or not source.alive or len(source.cells) != len(cells):
                 return replay  # rebuilding the worker here could take replay_s: the cells are the snapshot
-            self._start(deadline)
+            self._start(deadline, fallback=False)  # a new lineage and a re-run would not fit in the deadline
             if self._sock is None or self._source is not source or not source.alive:
                 return replay
         assert self._sock is not None and self._lineage is not None
@@ -712,7 +717,7 @@ class PythonSandbox:
         """Replace the state by ``snapshot``'s; the snapshot stays reusable. The worker starts lazily, at the
         next cell, so a restore that is never followed by a cell costs no fork."""
         self.close()
-        self.cells, self._source = list(snapshot.cells), snapshot
+        self.cells, self._source, self._note = list(snapshot.cells), snapshot, None
 
 
 def start_template(user: str | None = "nobody", isolation: str = "jail") -> int:

@@ -15,6 +15,9 @@ from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sa
 FAST = SandboxLimits(timeout_s=1.0, cpu_s=5, memory_bytes=1 << 30, processes=32, replay_s=1.0)
 HOOK_OFF = "import sys\nsys.modules['__main__']._Guard.untrusted = False\n"
 RUNTIME = "import sys, time\nrt = sys.modules['__main__']\nw = sys.modules['wire']\n"
+# The snapshot's own copy runs; the copy made by each restore from its frozen fork stalls.
+STALL_RESTORES = ("_copy, calls = rt._copy_into, []\ndef copy(a, b):\n    calls.append(1)\n"
+                  "    return _copy(a, b) if len(calls) == 1 else time.sleep(3600)\nrt._copy_into = copy\n")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -103,16 +106,29 @@ def test_a_patched_worker_cannot_stretch_snapshot(monkeypatch) -> None:
 def test_a_frozen_snapshot_that_stalls_its_restore_falls_back_to_replay(monkeypatch) -> None:
     monkeypatch.setattr(host, "_SPAWN_S", 1.5)
     box = PythonSandbox(FAST)
-    # The snapshot's own copy runs; the copy made by each restore from its frozen fork stalls.
-    box.run(HOOK_OFF + RUNTIME + "_copy, calls = rt._copy_into, []\n"
-            "def copy(a, b):\n    calls.append(1)\n    return _copy(a, b) if len(calls) == 1 else time.sleep(3600)\n"
-            "rt._copy_into = copy\nx = 41")
+    box.run(HOOK_OFF + RUNTIME + STALL_RESTORES + "x = 41")
     snap = box.snapshot()
     assert snap.kind == "native"
     branch = PythonSandbox(FAST)
     branch.restore(snap)
     result = finishes(lambda: branch.run("x + 1"))
     assert result.output.startswith("42\n") and "did not answer" in result.output and not snap.alive
+    branch.close()
+    box.close()
+    assert _settled() == []
+
+
+def test_a_snapshot_between_a_restore_and_its_first_cell_keeps_its_bound(monkeypatch) -> None:
+    monkeypatch.setattr(host, "_SNAPSHOT_S", 1.5)
+    box = PythonSandbox(FAST)
+    box.run(HOOK_OFF + RUNTIME + STALL_RESTORES + "x = 41")
+    snap = box.snapshot()
+    branch = PythonSandbox(FAST)
+    branch.restore(snap)
+    # The restore's spawn stalls: snapshot() gives up within its own bound, without a new lineage or a re-run.
+    assert finishes(lambda: branch.snapshot()).kind == "replay"
+    result = branch.run("x + 1")
+    assert result.output.startswith("42\n") and "did not answer" in result.output
     branch.close()
     box.close()
     assert _settled() == []
