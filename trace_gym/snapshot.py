@@ -12,14 +12,29 @@ restore changes a snapshot):
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from trace_gym.errors import SnapshotError
 from trace_gym.tasks import Task
 
-if TYPE_CHECKING:
-    from trace_gym.env import TextEnv
+
+class Restorable(Protocol):
+    """The episode-state interface of ``trace_gym.env.TextEnv`` that snapshots read and restore (declared here, so
+    that this module does not import the env module that imports it)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def base_state(self) -> dict[str, Any]: ...
+
+    def load_base_state(self, state: Mapping[str, Any]) -> None: ...
+
+    def replay(self, task: Task, rng_state: dict[str, Any], actions: Sequence[str]) -> tuple[str, dict[str, Any]]: ...
+
+    def current(self) -> tuple[str, dict[str, Any]]: ...
 
 
 @runtime_checkable
@@ -28,12 +43,12 @@ class Snapshot(Protocol):
 
     kind: str
 
-    def restore_into(self, env: TextEnv) -> tuple[str, dict[str, Any]]: ...
+    def restore_into(self, env: Restorable) -> tuple[str, dict[str, Any]]: ...
 
     def release(self) -> None: ...
 
 
-def _check_owner(owner: str, env: TextEnv) -> None:
+def _check_owner(owner: str, env: Restorable) -> None:
     if owner != type(env).__qualname__:
         raise SnapshotError(f"expected an env of type {owner}, got {type(env).__qualname__}; "
                             "restore a snapshot into an instance of the env that took it")
@@ -49,7 +64,7 @@ class ReplaySnapshot:
     actions: tuple[str, ...]
     kind: str = field(default="replay", init=False)
 
-    def restore_into(self, env: TextEnv) -> tuple[str, dict[str, Any]]:
+    def restore_into(self, env: Restorable) -> tuple[str, dict[str, Any]]:
         """Replay the actions from the start of the task in ``env`` (same env class); its observation and info."""
         _check_owner(self.owner, env)
         return env.replay(self.task, copy.deepcopy(self.rng_state), self.actions)
@@ -63,11 +78,11 @@ class NativeSnapshot:
 
     kind = "native"
 
-    def __init__(self, env: TextEnv):
+    def __init__(self, env: Restorable):
         self.owner = type(env).__qualname__
         self._state = copy.deepcopy((env.base_state(), env.state_dict()))
 
-    def restore_into(self, env: TextEnv) -> tuple[str, dict[str, Any]]:
+    def restore_into(self, env: Restorable) -> tuple[str, dict[str, Any]]:
         """Load the copied state into ``env`` (same env class); its observation and info. The snapshot is reusable."""
         _check_owner(self.owner, env)
         base, extra = copy.deepcopy(self._state)
