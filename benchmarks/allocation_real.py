@@ -31,7 +31,7 @@ REAL_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 def allocation_step(trainer: Any, step: int) -> dict[str, Any]:
     """The trainer's rollout half (allocate, roll out, expand, fit the predictor); the policy stays fixed."""
-    from trace_gym.training.update.advantages import tree_values
+    from trace_gym.tree_stats import tree_values
 
     result = trainer.rollout(step)
     m = result.metrics

@@ -8,7 +8,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from trace_gym.errors import TraceGymError
+from trace_gym.tree_stats import is_mixed, tree_values
 
 _SKIP_INFO = frozenset({"messages", "tools"})  # rebuilt from the path; not stored per node
 
@@ -125,13 +128,16 @@ class RolloutTree:
         return len(self.leaves(node_id))
 
     def value(self, node_id: int = 0) -> float | None:
-        """Mean terminal reward over the leaves under ``node_id``; ``None`` if none has finished."""
-        rewards = [leaf.reward for leaf in self.leaves(node_id)]
-        return math.fsum(rewards) / len(rewards) if rewards else None
+        """Mean terminal reward over the leaves under ``node_id`` (V̂, trace_gym/tree_stats.py); ``None`` if none
+        has finished."""
+        values, _ = tree_values(self)
+        v = float(values[self[node_id].id])
+        return None if math.isnan(v) else v
 
     def is_mixed(self, node_id: int = 0) -> bool:
         """Whether the leaves under ``node_id`` have different rewards (a contrastive signal exists)."""
-        return len({leaf.reward for leaf in self.leaves(node_id)}) > 1
+        rewards = np.array([leaf.reward for leaf in self.leaves(node_id)])
+        return is_mixed(rewards, np.ones(len(rewards), dtype=bool))
 
     def sibling_groups(self) -> list[list[int]]:
         """Children lists of every branch point (a node with two or more children)."""

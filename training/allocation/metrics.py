@@ -15,28 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_gym.training.allocation.solvers import bottom_up_values
-from trace_gym.training.update.advantages import AdvantageMethod, node_advantages, tree_arrays
-
-
-def is_mixed(rewards: np.ndarray, is_leaf: np.ndarray) -> bool:
-    """Whether the finished leaves hold at least two different rewards (both a 0 and a 1 when binary)."""
-    leaf_r = np.asarray(rewards)[np.asarray(is_leaf, dtype=bool)]
-    return bool(len(leaf_r) and leaf_r.min() != leaf_r.max())
-
-
-def contrastive_pairs(parents: np.ndarray, values: np.ndarray, counts: np.ndarray) -> int:
-    """Unordered sibling pairs (same parent) whose subtree values differ (deviation 1)."""
-    groups: dict[int, list[float]] = {}
-    for i in range(1, len(parents)):
-        if counts[i] > 0:
-            groups.setdefault(int(parents[i]), []).append(float(values[i]))
-    pairs = 0
-    for vals in groups.values():
-        _, sizes = np.unique(np.array(vals), return_counts=True)
-        total = len(vals) * (len(vals) - 1) // 2
-        pairs += total - int(np.sum(sizes * (sizes - 1) // 2))
-    return pairs
+from trace_gym.training.update.advantages import AdvantageMethod, node_advantages
+from trace_gym.tree_stats import bottom_up_values, contrastive_pairs, is_mixed, tree_arrays
 
 
 def nonzero_fraction(advantages: np.ndarray, tokens: np.ndarray | None = None) -> float:

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.update.advantages import tree_values
+from trace_gym.tree_stats import tree_values
 
 _WORD = re.compile(r"\w+|[^\w\s]")  # words and single symbols: operators and brackets carry difficulty
 

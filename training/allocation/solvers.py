@@ -126,28 +126,3 @@ def solve_prefixes(rewards: np.ndarray, values: np.ndarray, budget: int) -> np.n
         k[j] += 1
         heapq.heappush(heap, (-(q[j] ** k[j]) * (1.0 - q[j]), j))
     return k
-
-
-def bottom_up_values(
-    parents: np.ndarray, rewards: np.ndarray, is_leaf: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """V̂(y) = Σ_c n_c V̂(c) / n_y, i.e. the mean leaf reward under y, and n_y, the leaf count.
-
-    parents: (n,) parent index per node, -1 for the root; a parent's index is below its children's (nodes
-    are appended as the tree grows). rewards: (n,) terminal rewards (read at leaves only). is_leaf: (n,) bool,
-    finished nodes (terminated or truncated). Returns (values, counts); values are NaN where n_y = 0.
-    """
-    parents = np.asarray(parents, dtype=np.int64)
-    n = len(parents)
-    if np.any(parents[1:] >= np.arange(1, n)) or (n and parents[0] != -1):
-        raise ValueError("expected parents[0] == -1 and parents[i] < i (nodes in creation order), "
-                          f"got {parents.tolist()}; fix: pass nodes in the order the tree created them")
-    leaf = np.asarray(is_leaf, dtype=bool)
-    sums = np.where(leaf, np.asarray(rewards, dtype=np.float64), 0.0)
-    counts = leaf.astype(np.int64)
-    for i in range(n - 1, 0, -1):
-        sums[parents[i]] += sums[i]
-        counts[parents[i]] += counts[i]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        values = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-    return values, counts

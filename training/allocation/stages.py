@@ -31,8 +31,9 @@ from trace_gym.training.allocation.metrics import brier, calibration_metrics, ra
 from trace_gym.training.allocation.predictor import Predictor, Prefix, training_examples
 from trace_gym.training.allocation.solvers import prefix_utility, root_utility
 from trace_gym.training.rollout.collector import context_ids
-from trace_gym.training.update.advantages import AdvantageMethod, tree_advantages, tree_values
+from trace_gym.training.update.advantages import AdvantageMethod, tree_advantages
 from trace_gym.tree import RolloutTree
+from trace_gym.tree_stats import tree_values
 
 if TYPE_CHECKING:
     from trace_gym.training.update.learner import Sample

@@ -21,47 +21,15 @@ Deviations and choices where the paper is silent:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import numpy as np
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.allocation.solvers import bottom_up_values
+from trace_gym.tree_stats import bottom_up_values, sibling_groups, tree_arrays
 
 AdvantageMethod = Literal["grpo", "tree_grpo", "tree_value"]
 ADVANTAGE_METHODS: tuple[str, ...] = get_args(AdvantageMethod)
-
-
-@dataclass(frozen=True)
-class TreeArrays:
-    """A rollout tree as arrays, nodes in creation order (index i is ``ids[i]``)."""
-
-    ids: np.ndarray  # (n,) node ids
-    parents: np.ndarray  # (n,) parent index, -1 for the root
-    rewards: np.ndarray  # (n,) step rewards (terminal reward at leaves)
-    is_leaf: np.ndarray  # (n,) bool: finished (terminated or truncated) and childless
-    depth: np.ndarray  # (n,) turn index, root 0
-
-
-def tree_arrays(tree: Any) -> TreeArrays:
-    """Arrays of a ``trace_gym.tree.RolloutTree`` (reads ``nodes``' id, parent, depth, reward, flags)."""
-    nodes = tree.nodes
-    index = {node.id: i for i, node in enumerate(nodes)}
-    parents = np.array([-1 if node.parent is None else index[node.parent] for node in nodes], dtype=np.int64)
-    rewards = np.array([float(node.reward) for node in nodes], dtype=np.float64)
-    finished = [(node.terminated or node.truncated) and not node.children for node in nodes]
-    is_leaf = np.array(finished, dtype=bool)
-    depth = np.array([node.depth for node in nodes], dtype=np.int64)
-    ids = np.array([node.id for node in nodes], dtype=np.int64)
-    return TreeArrays(ids, parents, rewards, is_leaf, depth)
-
-
-def tree_values(tree: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(V̂, n) per node of a ``RolloutTree`` in creation order: the mean reward of the finished leaves under each
-    node (NaN where none has finished) and their count; the one place a tree's mean leaf reward is computed."""
-    a = tree_arrays(tree)
-    return bottom_up_values(a.parents, a.rewards, a.is_leaf)
 
 
 def _leaf_stats(rewards: np.ndarray, is_leaf: np.ndarray) -> tuple[float, float]:
@@ -85,13 +53,8 @@ def sibling_normalised(
     parents: np.ndarray, values: np.ndarray, counts: np.ndarray, eps: float = 1e-6
 ) -> np.ndarray:
     """(V̂(y) - mean over y's siblings) / (std + eps) at every branch point; 0 for only children."""
-    parents = np.asarray(parents)
     out = np.zeros(len(parents))
-    groups: dict[int, list[int]] = {}
-    for i in range(1, len(parents)):
-        if counts[i] > 0:
-            groups.setdefault(int(parents[i]), []).append(i)
-    for members in groups.values():
+    for members in sibling_groups(np.asarray(parents), counts):
         if len(members) < 2:
             continue
         vals = values[members]

@@ -10,7 +10,7 @@ page's own script, and every string is inserted as text (never as markup).
 Node annotations: the schema of `annotations.py` (``predicted``, ``alloc``, ``root_extra``, ``advantage`` in
 ``node.meta``), which the trainer, the simulation and the benchmarks all write from the stages' records; any
 other ``meta`` keys are listed in the side panel as they are. V̂ (the mean leaf reward under a node) is
-computed from the tree itself (`advantages.tree_values`).
+computed from the tree itself (`trace_gym.tree_stats.tree_values`).
 
 A leaf counts as a success when its reward is at least 0.5 (rewards are binary by default). A node is coloured
 success / failure / mixed by the finished leaves under it, grey when none has finished.
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.update.advantages import tree_values
 from trace_gym.tree import RolloutTree
+from trace_gym.tree_stats import tree_values
 
 __all__ = ["TreeRecord", "load_trees", "page_data", "render_html", "split_action", "write_viewer"]
 

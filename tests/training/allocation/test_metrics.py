@@ -4,13 +4,13 @@ import pytest
 from trace_gym.training.allocation.metrics import (
     brier,
     calibration_metrics,
-    contrastive_pairs,
     nonzero_fraction,
     rank_correlation,
     reliability_bins,
     tree_metrics,
 )
 from trace_gym.tree import RolloutTree
+from trace_gym.tree_stats import contrastive_pairs
 
 
 def test_contrastive_pairs_hand_count():

@@ -3,7 +3,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_gym.training.allocation.solvers import bottom_up_values
 from trace_gym.training.update.advantages import (
     ADVANTAGE_METHODS,
     grpo_advantages,
@@ -13,6 +12,7 @@ from trace_gym.training.update.advantages import (
     tree_value_advantages,
 )
 from trace_gym.tree import RolloutTree
+from trace_gym.tree_stats import bottom_up_values
 
 # root -> a, b; a -> c (1), d (0); b leaf (1).  Leaf rewards (1, 0, 1): mean 2/3, std sqrt(2)/3.
 PARENTS = np.array([-1, 0, 0, 1, 1])
