@@ -20,8 +20,11 @@ from pathlib import Path
 import torch
 from _study import ENV, STUDY_RUNS, arith_kwargs, log_run, train_config, trainer, warm_start
 
+from benchmarks.studies.normalized_sgd import NormalizedSGD
 from benchmarks.studies.signal_check import HeldOut, collect_batches, signal_check
 from trace_gym.training.update.optimizers import make_optimizer
+
+NSGD_SETTING = "optim.optimizer=normalized_sgd"
 
 
 def main() -> None:
@@ -55,13 +58,16 @@ def main() -> None:
             name, _, rest = spec.partition(":")
             # split on commas outside brackets, so that optim.betas=[0.9,0.99] stays one override
             overrides = [x for x in re.split(r",(?![^\[]*\])", rest) if x]
+            nsgd = NSGD_SETTING in overrides  # a study optimiser: the config does not know it
+            overrides = [x for x in overrides if x != NSGD_SETTING]
             cfg = train_config(ENV, STUDY_RUNS / "signal" / args.name, [f"model.path={model_path}", *shared,
                                                                           *overrides])
             t.cfg.optim = cfg.optim
             o = cfg.optim
-            t.learner.optimizer = make_optimizer([q for q in t.learner.module.parameters() if q.requires_grad],
-                                                 o.optimizer, lr=o.lr, betas=o.betas, eps=o.eps,
-                                                 weight_decay=o.weight_decay, momentum=o.momentum)
+            params = [q for q in t.learner.module.parameters() if q.requires_grad]
+            t.learner.optimizer = NormalizedSGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay) \
+                if nsgd else make_optimizer(params, o.optimizer, lr=o.lr, betas=o.betas, eps=o.eps,
+                                            weight_decay=o.weight_decay, momentum=o.momentum)
             updates: list[dict[str, float]] = []
             update = t.learner.update
             t.learner.update = lambda *a, _u=update, _r=updates: _r.append(_u(*a)) or _r[-1]  # type: ignore[method-assign]

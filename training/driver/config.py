@@ -28,7 +28,7 @@ from trace_gym.training.update.advantages import AdvantageMethod
 TreeSteps = Literal["none", "all", "first_last"]
 """`log.save_trees` by name (an integer N is the other form)."""
 
-OptimizerName = Literal["adamw", "sgd", "normalized_sgd"]
+OptimizerName = Literal["adamw", "sgd"]
 """`optim.optimizer`: training/update/optimizers.py builds each."""
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 
@@ -260,17 +260,17 @@ class OptimConfig(Section):
     key: ClassVar[str] = "optim"
 
     lr: float = 1e-6
-    """Learning rate (for normalized_sgd: the length of each step in parameter space)."""
+    """Learning rate."""
     weight_decay: float = 0.0
     """Decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     optimizer: OptimizerName = "adamw"
-    """adamw, sgd or normalized_sgd (a step of length lr along the gradient; training/update/optimizers.py)."""
+    """adamw or sgd (training/update/optimizers.py)."""
     eps: float = 1e-8
     """AdamW epsilon: gradients far below it move their weights less than lr (towards SGD's behaviour)."""
     momentum: float = 0.0
-    """Heavy-ball momentum of sgd and normalized_sgd."""
+    """Heavy-ball momentum of sgd."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables)."""
     mini_batch: int = 64

@@ -1,13 +1,12 @@
-"""The policy update's optimiser: AdamW, SGD, or a normalised gradient step (`optim.optimizer`).
+"""The policy update's optimiser: AdamW or SGD (`optim.optimizer`).
 
 Why more than AdamW: an RL batch of a few dozen trajectories gives a gradient whose per-weight noise is
 large against its signal. AdamW's early steps move every weight by about lr in the sign of its gradient
 (m/√v ≈ ±1 when the moments hold one or two gradients), so a weight whose gradient is pure noise moves as
 far as one carrying the signal. SGD moves weights in proportion to their gradient, so the update's energy
-goes where the gradient is large. ``normalized_sgd`` takes a step of fixed length lr along the (momentum)
-gradient direction: the step size no longer depends on the batch's gradient norm, which varies a lot with
-how many trained nodes and tokens a step has. docs/learning.md compares them with the shuffled-advantage
-check (benchmarks/studies/signal_check.py).
+goes where the gradient is large. docs/learning.md compares them (and a normalised gradient step, which lives
+with the studies: benchmarks/studies/normalized_sgd.py) with the shuffled-advantage check
+(benchmarks/studies/signal_check.py).
 """
 
 from __future__ import annotations
@@ -21,49 +20,6 @@ from trace_gym.errors import ConfigError
 from trace_gym.training.driver.config import OPTIMIZERS
 
 
-class NormalizedSGD(torch.optim.Optimizer):
-    """p <- p - lr · d / ||d||, with d the gradient (or its heavy-ball momentum) and ||·|| the global norm over
-    every parameter of every group: a step of length lr in parameter space, along the gradient."""
-
-    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
-        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
-            raise ConfigError(f"expected lr > 0, 0 <= momentum < 1, weight_decay >= 0, got {lr}, {momentum}, "
-                              f"{weight_decay}")
-        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        loss = closure() if closure is not None else None
-        directions = []
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                d = p.grad
-                if group["momentum"]:
-                    buf = self.state[p].get("momentum_buffer")
-                    buf = d.clone() if buf is None else buf.mul_(group["momentum"]).add_(d)
-                    self.state[p]["momentum_buffer"] = buf
-                    d = buf
-                directions.append((group, p, d))
-        if not directions:
-            return loss
-        sq = sum(_full(torch.linalg.vector_norm(d)) ** 2 for _, _, d in directions)
-        norm = float(torch.sqrt(torch.as_tensor(sq)))
-        if norm == 0.0 or not torch.isfinite(torch.as_tensor(norm)):
-            return loss
-        for group, p, d in directions:
-            if group["weight_decay"]:
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-            p.add_(d, alpha=-group["lr"] / norm)
-        return loss
-
-
-def _full(x: torch.Tensor) -> torch.Tensor:
-    """A plain tensor from a DTensor (FSDP2 shards) or the tensor itself."""
-    return x.full_tensor() if hasattr(x, "full_tensor") else x
-
-
 def make_optimizer(params: Iterable[Any], name: str, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                    eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0) -> torch.optim.Optimizer:
     """The optimiser ``name`` (one of ``OPTIMIZERS``) over ``params``."""
@@ -71,6 +27,4 @@ def make_optimizer(params: Iterable[Any], name: str, lr: float, betas: tuple[flo
         return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "normalized_sgd":
-        return NormalizedSGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ConfigError(f"expected optim.optimizer in {OPTIMIZERS}, got {name!r}; fix: optim.optimizer=adamw")
