@@ -45,6 +45,7 @@ from trace_gym.training.driver.builders import (
 )
 from trace_gym.training.driver.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trace_gym.training.driver.config import TrainConfig, dump_config
+from trace_gym.training.driver.history import RunHistory
 from trace_gym.training.driver.metrics_log import MetricsLogger
 from trace_gym.training.driver.progress import StageTimer, StepProgress, plot_at_end
 from trace_gym.training.driver.warm_start import warm_start
@@ -133,7 +134,7 @@ class Trainer:
         self.eval_tasks: list[Task] = dataset_of(self.make_eval_env)[:cfg.eval.tasks] if cfg.eval.tasks else []
         self.eval_collector = (eval_collector(self.policy, self.make_eval_env, self.eval_tasks, cfg, self.tokenizer)
                                if self.eval_tasks else None)
-        self.history: dict[str, Any] = {"eval": [], "effective_ratio": [], "trajectories": 0, "tokens": 0}
+        self.history = RunHistory()
         self._expert_seqs: list[tuple[list[int], list[bool]]] | None = None
         if state is not None:
             self._load_state(state)
@@ -173,9 +174,8 @@ class Trainer:
                 metrics.update(self.evaluate())
         metrics.update(timer.metrics())
         metrics["data/position"] = float(self.stream.position)
-        self.history["effective_ratio"].append(metrics.get("alloc/effective_ratio", float("nan")))
-        self.history["trajectories"] += result.stats.trajectories
-        self.history["tokens"] += result.stats.generated_tokens
+        self.history.add_step(metrics.get("alloc/effective_ratio", float("nan")), result.stats.trajectories,
+                              result.stats.generated_tokens)
         return metrics
 
     def sync_weights(self) -> None:
@@ -219,17 +219,13 @@ class Trainer:
             probs = np.exp(expert_logprob(self.learner.model, self._expert_seqs, self.tokenizer.pad_token_id))
             per_prompt["expert"] = probs.tolist()
             metrics["eval/expert_prob"] = float(probs.mean())
-        self.history["eval"].append((self.step_count, result.success))
-        self.history.setdefault("eval_tool_use", []).append((self.step_count, result.tool_use))
-        if self.step_count == 0:  # the run's baseline (a resumed run keeps its own from the checkpoint)
-            self.history["eval_first"] = per_prompt
-        self.history["eval_last"] = per_prompt
+        self.history.add_eval(self.step_count, result.success, result.tool_use, per_prompt)
         return metrics
 
     def held_out_gain(self) -> dict[str, PairedDifference]:
         """Last minus first evaluation, per measure, paired over the held-out prompts (95% intervals)."""
-        first, last = self.history.get("eval_first"), self.history.get("eval_last")
-        if not first or not last or len(self.history["eval"]) < 2:
+        first, last = self.history.eval_first, self.history.eval_last
+        if not first or not last or len(self.history.eval) < 2:
             return {}
         return {k: PairedDifference.of(np.subtract(last[k], first[k])) for k in first if k in last}
 
@@ -265,8 +261,8 @@ class Trainer:
         """The run's summary (summary.json and the final table): allocator, steps, held-out success before and
         after, the paired held-out gains (`held_out_gain`), effective ratios, budget, generated tokens and
         ``wall_s``."""
-        ev, tool = self.history["eval"], self.history.get("eval_tool_use", [])
-        ratios = [r for r in self.history["effective_ratio"] if not math.isnan(r)]
+        ev, tool = self.history.eval, self.history.eval_tool_use
+        ratios = [r for r in self.history.effective_ratio if not math.isnan(r)]
         gains = {k: {"mean": g.mean, "lo": g.lo, "hi": g.hi, "tasks": g.tasks} for k, g in self.held_out_gain().items()}
         return {
             "run_dir": str(self.run_dir), "steps": self.step_count, "allocator": self.cfg.alloc.allocator,
@@ -276,8 +272,8 @@ class Trainer:
             "eval": ev, "effective_ratio_mean": float(np.mean(ratios)) if ratios else None,
             "effective_ratio_first": ratios[0] if ratios else None,
             "effective_ratio_last": ratios[-1] if ratios else None,
-            "trajectories_per_step": self.budget.total, "trajectories": self.history["trajectories"],
-            "generated_tokens": self.history["tokens"], "wall_s": wall_s,
+            "trajectories_per_step": self.budget.total, "trajectories": self.history.trajectories,
+            "generated_tokens": self.history.tokens, "wall_s": wall_s,
         }
 
     def close(self) -> None:
@@ -292,14 +288,14 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoint state
     def _state(self) -> dict[str, Any]:
-        return {"step": self.step_count, "data_position": self.stream.position, "history": self.history,
+        return {"step": self.step_count, "data_position": self.stream.position, "history": self.history.to_dict(),
                 "allocator": self.allocator.state_dict()}
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         self.predictor.load_state_dict(state["predictor"])
         self.step_count = int(state["trainer"]["step"])
         self.stream.position = int(state["trainer"]["data_position"])
-        self.history = state["trainer"]["history"]
+        self.history = RunHistory.from_dict(state["trainer"]["history"])
         self.allocator.load_state_dict(state["trainer"].get("allocator", {}))
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])

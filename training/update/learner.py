@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -149,36 +149,38 @@ class Learner:
 
     def update(self, samples: Sequence[Sample], seed: int, pad_id: int) -> dict[str, float]:
         """`optim.epochs` passes over `samples` in optimiser steps of `optim.mini_batch` nodes."""
-        self._command("update", samples, seed, pad_id)
+        self._command(Learner._update, samples, seed, pad_id)
         return self._update(samples, seed, pad_id)
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """Full weights under the base model's names, LoRA merged, on CPU, on the lead (None elsewhere)."""
-        self._command("weights")
+        self._command(Learner._weights)
         return self._weights()
 
     def save(self, folder: Path | None) -> dict[str, Any] | None:
         """Write the full weights as a loadable model folder at ``folder`` (lead); returns the optimiser state
         to checkpoint (lead; None elsewhere)."""
-        self._command("save", None)
+        self._command(Learner._save, None)
         return self._save(folder)
 
     def stop(self) -> None:
         """Release the followers from `follow`."""
-        self._command("stop")
+        self._command(None)
 
     def follow(self) -> None:
         """On ranks > 0: run the lead's commands until it stops."""
         while True:
             command, args = broadcast_object(None)
-            if command == "stop":
+            if command is None:  # stop
                 return
-            getattr(self, f"_{command}")(*args)
+            command(self, *args)
 
     # ----------------------------------------------------------------- the work
-    def _command(self, name: str, *args: Any) -> None:
+    def _command(self, method: Callable[..., Any] | None, *args: Any) -> None:
+        """Send the followers ``method`` (a function of this class; it pickles by name) and its arguments;
+        None releases them."""
         if self.world_size > 1 and self.rank == 0:
-            broadcast_object((name, args))
+            broadcast_object((method, args))
 
     def _update(self, samples: Sequence[Sample], seed: int, pad_id: int) -> dict[str, float]:
         o = self.cfg.optim
