@@ -118,7 +118,7 @@ def test_restore_returns_the_stock_of_the_snapshot_turn() -> None:
 
 
 def test_native_snapshot_refuses_episode_state_missing_from_episode_fields() -> None:
-    """The issue's inventory: before, the snapshot was taken at 8 and a restore then read 7."""
+    """Stock left out of episode_fields: snapshot() refuses, instead of a restore reading 7 for a stock of 8."""
     env = ForgetfulInventory()
     env.reset(seed=0)
     env.step(sell("widget", 2))

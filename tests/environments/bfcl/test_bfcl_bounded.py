@@ -1,4 +1,4 @@
-"""A model's BFCL call runs bounded (issue 14): a call that would compute for seconds returns an error at its
+"""A model's BFCL call runs bounded: a call that would compute for seconds returns an error at its
 deadline, process-wide precision set by a call never reaches the trainer, and the episode goes on."""
 
 from __future__ import annotations

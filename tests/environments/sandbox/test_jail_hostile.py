@@ -1,4 +1,4 @@
-"""The jail, tried as an attacker would (issue 14): each probe's success would be detectable and harmless (a
+"""The jail, tried as an attacker would: each probe's success would be detectable and harmless (a
 listener, a process, a folder or a file the test owns), and must not happen. Every probe first switches the
 audit-hook tripwire off from inside the cell, so what stops it is the kernel. After each probe the sandbox
 still answers ``print(6*7)``, and once it is closed no sandbox process is left."""
