@@ -4,7 +4,7 @@ and ``ToolEnv`` (declared tools, an action parser, a verifier)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -13,6 +13,7 @@ import gymnasium as gym
 
 from trace_gym.actions import ActionParser, HermesParser, TagParser
 from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
+from trace_gym.experts import Expert
 from trace_gym.snapshot import NativeSnapshot, ReplaySnapshot, Snapshot
 from trace_gym.spaces import String
 from trace_gym.tasks import Task
@@ -57,7 +58,14 @@ class Turn:
 
 
 class TextEnv(gym.Env[str, str]):
-    """An episode is a task; a step is a turn. Subclasses implement ``load_tasks``, ``begin`` and ``turn``.
+    """An episode is a task; a step is a turn.
+
+    **Hooks** (what a subclass overrides; the "hooks" sections below): ``turn`` (required), ``load_tasks`` (or
+    pass ``tasks=``), ``begin``, ``reset_info``, ``example_actions``, ``expert``; the class attributes
+    ``episode_fields`` and ``untracked_fields``; for state that cannot be deep-copied, ``state_dict`` /
+    ``load_state_dict`` or ``native_snapshot``. **Plumbing** (call it, do not override it: it keeps the
+    contracts below): ``reset``, ``step``, ``snapshot``, ``restore``, ``replay``, ``current``, ``base_state``,
+    ``tasks``, ``task_by_id``. Cross-cutting behaviour (turn limits, recording) belongs in a wrapper.
 
     ``episode_fields`` names the attributes that hold per-episode state beyond the base's; native snapshots
     deep-copy them (override ``state_dict``/``load_state_dict`` or ``native_snapshot`` for anything else).
@@ -75,6 +83,10 @@ class TextEnv(gym.Env[str, str]):
     untracked_fields: tuple[str, ...] = ()
     """Public attributes that change during an episode yet are not episode state (statistics), or that a custom
     ``native_snapshot`` captures itself."""
+    expert: Callable[..., Expert] | None = None
+    """Hook (optional): define ``def expert(self, noise: float = 0.0, seed: int = 0) -> Expert``, a scripted player
+    of this env's tasks (warm-start data, the checker's well-formed turns, ``--policy expert``). ``None`` here
+    means the env has none, which is what callers test for."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, render_mode: str | None = None,
                  max_action_chars: int = 32_000):
@@ -97,7 +109,7 @@ class TextEnv(gym.Env[str, str]):
         self._rng_after_reset: dict[str, Any] = {}
         self._fingerprints: dict[str, Any] = {}
 
-    # ----------------------------------------------------------------- dataset
+    # ----------------------------------------------------------------- plumbing: the dataset
     @cached_property
     def tasks(self) -> Sequence[Task]:
         """The dataset: the constructor's ``tasks=``, else ``load_tasks()`` (called once, on first use)."""
@@ -110,10 +122,6 @@ class TextEnv(gym.Env[str, str]):
     def _task_index(self) -> dict[str, Task]:
         return {t.id: t for t in self.tasks}
 
-    def load_tasks(self) -> Sequence[Task]:
-        """The env's tasks; subclasses with a dataset override it (``tasks`` calls it once, lazily)."""
-        raise ConfigError(f"{type(self).__name__} has no dataset: pass tasks= or override load_tasks()")
-
     def task_by_id(self, task_id: str) -> Task:
         """The task whose ``id`` is ``task_id``; ``ConfigError`` when the dataset has none."""
         try:
@@ -121,31 +129,36 @@ class TextEnv(gym.Env[str, str]):
         except KeyError:
             raise ConfigError(f"expected a task id of this dataset, got {task_id!r}") from None
 
-    # ----------------------------------------------------------------- hooks
+    # ----------------------------------------------------------------- hooks: an episode
+    def load_tasks(self) -> Sequence[Task]:
+        """Hook: the env's tasks; subclasses with a dataset override it (``tasks`` calls it once, lazily)."""
+        raise ConfigError(f"{type(self).__name__} has no dataset: pass tasks= or override load_tasks()")
+
     def begin(self, task: Task) -> str:
-        """Set up per-episode state; return the first observation. ``self.messages`` is empty when it is called:
+        """Hook: set up per-episode state; return the first observation. ``self.messages`` is empty when it is called:
         fill it with the chat the episode starts from (this default: the task prompt as the user message)."""
         self.messages = [{"role": "user", "content": task.prompt}]
         return task.prompt
 
     def turn(self, action: str) -> Turn:
-        """Play one assistant turn, ``action``, and report its outcome as a ``Turn``; subclasses implement it."""
+        """Hook (required): play one assistant turn, ``action``, and report its outcome as a ``Turn``. ``step`` has
+        already counted the turn and recorded the action; it records the outcome, truncates and checks rewards."""
         raise NotImplementedError(f"{type(self).__name__} must implement turn(action)")
 
     def example_actions(self) -> list[str]:
-        """A few well-formed actions for the current task (used by the conformance checker and fuzzers)."""
+        """Hook: a few well-formed actions for the current task (used by the conformance checker and fuzzers)."""
         return []
 
     def reset_info(self) -> dict[str, Any]:
-        """Extra keys of the ``info`` that ``reset`` returns (``ToolEnv``: the tool schemas)."""
+        """Hook: extra keys of the ``info`` that ``reset`` returns (``ToolEnv``: the tool schemas)."""
         return {}
 
+    # ----------------------------------------------------------------- plumbing: the gymnasium API
     @property
     def done(self) -> bool:
         """Whether the episode has ended (terminated or truncated): ``step`` raises until ``reset`` or a restore."""
         return self._done
 
-    # ----------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode on the task that ``options`` names (``{"task": Task}``, ``{"task_id": id}`` or ``{"index":
         i}``), else on a random one drawn with ``seed``. Returns the first observation and ``info`` (``task_id``,
@@ -195,7 +208,7 @@ class TextEnv(gym.Env[str, str]):
             return None
         return "\n".join(f"[{m['role']}] {m['content']}" for m in self.messages)
 
-    # ----------------------------------------------------------------- snapshots
+    # ----------------------------------------------------------------- plumbing: snapshots
     def snapshot(self, kind: Literal["native", "replay"] = "native", *, resources: bool = True) -> Snapshot:
         """Capture the episode. ``native`` is fast and local; ``replay`` is portable across instances.
         ``resources=False`` asks for a native snapshot that holds no OS resource (no frozen sandbox process): an
@@ -214,21 +227,6 @@ class TextEnv(gym.Env[str, str]):
     def restore(self, snapshot: Snapshot) -> tuple[str, dict[str, Any]]:
         """Return the env to ``snapshot``'s state; returns that state's observation and info."""
         return snapshot.restore_into(self)
-
-    def native_snapshot(self, resources: bool = True) -> Snapshot:
-        """A ``NativeSnapshot`` (deep copies of ``base_state()`` and ``state_dict()``); override it for state that
-        cannot be deep-copied (processes, handles). ``resources=False``: hold no OS resource (see ``snapshot``);
-        a deep copy holds none either way."""
-        return NativeSnapshot(self)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The per-episode attributes that ``episode_fields`` names, for native snapshots."""
-        return {name: getattr(self, name) for name in self.episode_fields}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Set a ``state_dict()`` back on the env."""
-        for name, value in state.items():
-            setattr(self, name, value)
 
     def base_state(self) -> dict[str, Any]:
         """The base class's episode state (task, turn count, messages, actions, done, RNG), for native snapshots."""
@@ -259,7 +257,23 @@ class TextEnv(gym.Env[str, str]):
         obs, info = self._last
         return obs, dict(info)
 
-    # ----------------------------------------------------------------- internals
+    # ----------------------------------------------------------------- hooks: snapshots
+    def native_snapshot(self, resources: bool = True) -> Snapshot:
+        """Hook: a ``NativeSnapshot`` (deep copies of ``base_state()`` and ``state_dict()``); override it for state that
+        cannot be deep-copied (processes, handles). ``resources=False``: hold no OS resource (see ``snapshot``);
+        a deep copy holds none either way."""
+        return NativeSnapshot(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Hook: the per-episode attributes that ``episode_fields`` names, for native snapshots."""
+        return {name: getattr(self, name) for name in self.episode_fields}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Hook: set a ``state_dict()`` back on the env."""
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    # ----------------------------------------------------------------- plumbing: internals
     def _choose_task(self, options: Mapping[str, Any]) -> Task:
         if "task" in options:
             task = options["task"]
@@ -306,7 +320,12 @@ class TextEnv(gym.Env[str, str]):
 class ToolEnv(TextEnv):
     """A ReAct env: the model calls declared tools until it answers; ``verify`` scores the answer.
 
-    Subclasses provide ``tools()``, ``verify()`` and a dataset (``load_tasks`` or ``tasks=``).
+    **Hooks**: ``tools()``, ``verify()`` and a dataset (``load_tasks`` or ``tasks=``); optionally
+    ``system_prompt`` / ``compact_prompt``, ``begin`` (call ``super().begin(task)``, which writes the system and
+    user messages), ``example_actions`` and ``expert``. A tool raises ``ToolError`` for the model's mistakes;
+    any other exception from it propagates out of ``step``. **Plumbing**: ``turn`` parses the action, runs the
+    calls (at most ``max_tool_calls``) and scores an answer; override it only to read a turn another way first,
+    then delegate to ``super().turn(action)`` (as the math envs do for ``\\boxed{}`` answers).
     """
 
     system_prompt: str = "You are a helpful assistant that solves the task step by step, using tools."
@@ -328,15 +347,17 @@ class ToolEnv(TextEnv):
         self.max_tool_calls = max_tool_calls
         self.max_result_chars = max_result_chars
 
+    # ----------------------------------------------------------------- hooks
     def tools(self) -> Sequence[Tool]:
-        """The tools the model may call (e.g. ``[Tool.from_function(self.lookup)]``); none by default."""
+        """Hook: the tools the model may call (e.g. ``[Tool.from_function(self.lookup)]``); none by default."""
         return []
 
     def verify(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
-        """Score the final ``answer`` to ``task``: ``(reward, details)``; ``details`` join the last step's ``info``.
-        Subclasses implement it."""
+        """Hook (required): score the final ``answer`` to ``task``: ``(reward, details)``; ``details`` join the last
+        step's ``info``."""
         raise NotImplementedError(f"{type(self).__name__} must implement verify(task, answer)")
 
+    # ----------------------------------------------------------------- plumbing (extend with super(), if at all)
     @cached_property
     def tool_map(self) -> dict[str, Tool]:
         """``tools()`` by name (computed once per env)."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from trace_gym import HermesParser, Task, TextEnv, Tool, ToolCall, ToolEnv, ToolError, Turn
+from trace_gym import ConfigError, HermesParser, Task, TextEnv, Tool, ToolCall, ToolEnv, ToolError, Turn
 
 
 class EchoTurns(TextEnv):
@@ -84,3 +84,11 @@ def test_each_result_is_cut_at_max_result_chars() -> None:
     env.reset(seed=0)
     obs, *_ = env.step(_call("long"))
     assert obs == "x" * 10 + "\n[... truncated 90 characters]"
+
+
+def test_expert_is_declared_and_none_means_the_env_has_none() -> None:
+    from trace_gym.agents.specs import policy_from_spec
+
+    assert TextEnv.expert is None and Lookup.expert is None
+    with pytest.raises(ConfigError, match="scripted expert"):
+        policy_from_spec("expert", make_env=lambda: Lookup(tasks=[Task(id="t", prompt="Look up a.")]))
