@@ -8,14 +8,19 @@ The conformance checker counts a process left behind by an episode as a leak and
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 _services: dict[int, set[int]] = {}  # owner pid -> helper pids (a forked host starts its own helpers)
+_reapers: list[Callable[[float], bool]] = []  # waits for processes already killed and being reaped
 
 
 def descendant_pids(pid: int | None = None) -> set[int]:
     """Descendants of ``pid`` (default: this process), read from /proc. Zombies count: an unreaped child still
-    holds a pid and a slot of its user's process limit."""
+    holds a pid and a slot of its user's process limit. Processes an env has already killed and reaps in the
+    background (`register_reaper`) are waited for first (10 s at most), so the answer is what outlives close()."""
+    for wait in list(_reapers):
+        wait(10.0)
     root = os.getpid() if pid is None else pid
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -37,6 +42,12 @@ def descendant_pids(pid: int | None = None) -> set[int]:
 def register_service(*pids: int) -> None:
     """Mark ``pids`` as helpers that live until this process exits (not an episode's processes)."""
     _services.setdefault(os.getpid(), set()).update(p for p in pids if p > 0)
+
+
+def register_reaper(wait: Callable[[float], bool]) -> None:
+    """Register ``wait(timeout) -> bool``, which returns once every process its env has killed is gone."""
+    if wait not in _reapers:
+        _reapers.append(wait)
 
 
 def services() -> set[int]:

@@ -42,8 +42,10 @@ Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and
    time (the worker kills the cell's process group; a reply later than ``timeout_s`` + 2 s is not committed and
    the worker is rebuilt at the next cell); output size (truncated with a note).
 3. Ended with the cell: when a cell returns, the supervisor kills every process of the lineage that is not a
-   live snapshot, a worker, or a descendant of another sandbox's worker (a cell in flight). When the lineage's
-   last sandbox or snapshot goes, its pid 1 is killed. The host exiting kills the jail (``--die-with-parent``).
+   live snapshot, a worker, or a descendant of another sandbox's worker (a cell in flight); a released
+   snapshot's frozen fork exits when its channel closes, and that next sweep makes sure. When the lineage's last
+   sandbox or snapshot goes, its pid 1 is killed (``close()`` returns once the signal is sent; ``reaper.py``
+   waits for the lineage to be gone). The host exiting kills the jail (``--die-with-parent``).
 4. As root the jail runs as ``user`` (default ``nobody``) with no capability. As a normal user it runs as that
    user inside a user namespace: the same layers hold, but a kernel escape would act as that user.
 5. Not contained: the branches of one lineage (restores of one episode's native snapshots, i.e. one rollout
@@ -67,7 +69,6 @@ import contextlib
 import itertools
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -80,6 +81,7 @@ from typing import ClassVar
 
 from trace_gym.environments.sandbox import dirtree, jail, memcg, wire
 from trace_gym.environments.sandbox.jail import ISOLATIONS, SandboxUnavailableError
+from trace_gym.environments.sandbox.reaper import reaper
 from trace_gym.errors import ConfigError
 from trace_gym.processes import register_service
 
@@ -147,11 +149,6 @@ class CellResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-def _wait_exit(pidfd: int, timeout: float) -> bool:
-    """True once the process behind ``pidfd`` has exited (a pidfd polls readable then)."""
-    return wire.readable(pidfd, timeout)
 
 
 def _close_fd(fd: int | None) -> None:
@@ -298,6 +295,7 @@ class _Lineage:
         self.pidfd: int | None = None
         self.memory: memcg.MemoryGroup | None = None
         self.ended = False
+        self.unswept: list[str] = []  # directories of released snapshots, removed by the next sweep
 
     def start(self, workdir: str) -> tuple[socket.socket, int]:
         """Create the namespaces and the first worker; returns its channel and pid."""
@@ -359,16 +357,19 @@ class _Lineage:
         with self.lock:
             self.holders[key] = (kind, pid)
 
-    def detach(self, key: int, directory: str | None = None) -> None:
+    def detach(self, key: int, directory: str | None = None, defer: bool = False) -> None:
         """``key`` is done: sweep what it leaves behind and remove its directory, or end the lineage if nothing
-        else holds it."""
+        else holds it. ``defer`` (a released snapshot, whose frozen fork exits when its channel closes): leave
+        the sweep and the removal to the lineage's next sweep or its end."""
         with self.lock:
             if self.holders.pop(key, None) is None or self.ended:
                 return
-            if self.holders:
-                self.sweep(remove=directory)
-            else:
+            if not self.holders:
                 self.end()
+            elif defer:
+                self.unswept += [directory] if directory else []
+            else:
+                self.sweep(remove=directory)
 
     def _ask(self, msg: dict, fds: list[int] | None = None, deadline: float | None = None) -> dict | None:
         """One request to the supervisor within _CONTROL_S (or by ``deadline``); a supervisor that does not
@@ -395,9 +396,10 @@ class _Lineage:
                 with contextlib.suppress(OSError):
                     fds.append(os.pidfd_open(pid))  # a stale pid names nothing in the lineage: ignored there
                     kinds.append("alone" if key == idle else kind)
+            names = [os.path.basename(d) for d in [*self.unswept, *([remove] if remove else [])]]
+            self.unswept = []
             try:
-                self._ask({"op": "sweep", "kinds": kinds,
-                           "remove": [os.path.basename(remove)] if remove else []}, fds)
+                self._ask({"op": "sweep", "kinds": kinds, "remove": names}, fds)
             finally:
                 for fd in fds:
                     _close_fd(fd)
@@ -409,7 +411,8 @@ class _Lineage:
         return value if isinstance(value, str) else None
 
     def end(self) -> None:
-        """Kill the lineage's pid 1 (the kernel then kills all of it) and wait until it is gone."""
+        """Kill the lineage's pid 1 (the kernel then kills all of it); the reaper waits for it to be gone, off
+        this thread (reaper.py), and then removes its memory group (and, without namespaces, its folder)."""
         with self.lock:
             if self.ended:
                 return
@@ -417,19 +420,21 @@ class _Lineage:
             if self.ctl is not None:
                 with contextlib.suppress(OSError):
                     self.ctl.close()  # without namespaces, this is what makes the supervisor sweep and exit
+            none = self.template.isolation == "none"
+            template, memory, name = self.template, self.memory, self.name
+
+            def cleanup() -> None:
+                if memory is not None and not memory.remove():
+                    template.stale_groups.append(memory)  # its last process is still exiting: retried later
+                if none:
+                    dirtree.remove(template.root_fd, name)
+
             if self.pidfd is not None:
-                if self.template.isolation == "none" and _wait_exit(self.pidfd, _CONTROL_S):
-                    pass
-                else:
-                    with contextlib.suppress(OSError):
-                        signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-                    _wait_exit(self.pidfd, _CONTROL_S)
-                _close_fd(self.pidfd)
+                # Without namespaces killing pid 1 would not kill the rest: it gets _CONTROL_S to sweep and exit.
+                reaper().add(self.pidfd, time.monotonic() + _CONTROL_S if none else -math.inf, cleanup)
                 self.pidfd = None
-            if self.memory is not None and not self.memory.remove():
-                self.template.stale_groups.append(self.memory)  # its last process is still exiting: retried later
-            if self.template.isolation == "none":
-                dirtree.remove(self.template.root_fd, self.name)
+            else:
+                cleanup()
 
 
 def _spawn_from(frozen: _Frozen, workdir: str, deadline: float) -> tuple[socket.socket, int] | None:
@@ -464,8 +469,8 @@ class _Frozen:
     @staticmethod
     def free(sock: socket.socket, lineage: _Lineage, key: int, directory: str) -> None:
         with contextlib.suppress(OSError):
-            sock.close()  # the frozen fork exits on EOF; the sweep makes sure
-        lineage.detach(key, directory)
+            sock.close()  # the frozen fork exits on EOF; the lineage's next sweep or its end makes sure
+        lineage.detach(key, directory, defer=True)
 
 
 class SandboxSnapshot:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trace_gym.environments.sandbox import dirtree, memcg
+from trace_gym.environments.sandbox import dirtree, memcg, reaper
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes, start_template
 
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=1 << 30, processes=32, max_output_chars=2000)
@@ -117,10 +117,12 @@ def test_a_3000_deep_tree_is_removed_by_close_and_reset(isolation: str) -> None:
     seen = box.host_workdir
     assert seen is not None and os.path.isdir(os.path.join(seen, "d"))
     box.reset()
+    assert reaper.wait(10.0)  # reset() returns with the lineage killed; the reaper sees it gone
     assert not os.path.exists(seen)
     box.run(DEEP + "deep('.')")
     seen = box.host_workdir
     box.close()
+    assert reaper.wait(10.0)
     assert seen is not None and not os.path.exists(seen)
     snap.release()
     assert _settled() == []

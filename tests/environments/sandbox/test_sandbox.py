@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trace_gym.environments.sandbox import reaper
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes
 
 FAST = SandboxLimits(timeout_s=3.0, cpu_s=3, max_output_chars=200)
@@ -96,6 +97,7 @@ def test_working_directory_is_private_and_removed(box: PythonSandbox) -> None:
     with open(os.path.join(seen, "data.txt")) as f:
         assert f.read() == "1"
     box.close()
+    assert reaper.wait(10.0)  # close() returns with the lineage killed; the reaper sees it gone
     assert not os.path.exists(seen)
 
 
