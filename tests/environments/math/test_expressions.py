@@ -4,6 +4,8 @@ from fractions import Fraction
 
 import pytest
 import sympy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trace_gym.environments.math import expressions
 from trace_gym.environments.math.symbolic import refuse_code_from_strings, sympy_equal
@@ -133,3 +135,40 @@ def test_the_checking_process_refuses_to_turn_strings_into_code(tmp_path) -> Non
     assert outcome.ok, outcome.error
     assert "ran" not in outcome.value.split(",")[:4] and outcome.value.endswith(",12")
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- properties
+def _trees(depth: int = 3):
+    """(text, exact value or None) pairs: random constant expressions in the written forms the grammar reads."""
+    leaf = st.integers(0, 999).map(lambda n: (str(n), Fraction(n)))
+    if depth == 0:
+        return leaf
+    sub = _trees(depth - 1)
+
+    def combine(op, a, b):
+        (ta, va), (tb, vb) = a, b
+        if op in "+-*":
+            value = None if va is None or vb is None else {"+": va + vb, "-": va - vb, "*": va * vb}[op]
+            return f"({ta}){op}({tb})", value
+        if op == "/":
+            return f"\\frac{{{ta}}}{{{tb}}}", None if va is None or vb is None or vb == 0 else va / vb
+        return f"({ta})^{{2}}", None if va is None else va**2  # squares only: sizes stay small
+
+    return st.one_of(leaf, st.builds(combine, st.sampled_from("+-*/^"), sub, sub))  # "^" ignores b
+
+
+@given(_trees())
+def test_the_exact_value_of_random_constant_expressions_matches_fraction_arithmetic(pair) -> None:
+    text, value = pair
+    if len(text) > expressions.MAX_CHARS:
+        return
+    assert expressions.exact_value(expressions.parse(text)) == value
+
+
+@given(st.text(alphabet="0123456789+-*/^()!{}[],.xpi\\fracsqt ", max_size=60))
+def test_arbitrary_text_is_a_tree_or_an_expression_error(text: str) -> None:
+    try:
+        tree = expressions.parse(text)
+    except expressions.ExpressionError:
+        return
+    expressions.exact_value(tree)  # sized at parse time: computing the value is cheap and cannot raise
