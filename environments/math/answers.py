@@ -111,7 +111,10 @@ def _rational(s: str) -> Fraction | None:
 
 
 def _close(a: Fraction, b: Fraction) -> bool:
-    """Equal, or within a relative 1e-6 (decimals written out to a few places), in exact arithmetic."""
+    """Equal, or within a relative 1e-6 when one is not an integer (a decimal written out to a few places), in
+    exact arithmetic. Two integers must be equal: 1000001 is not 1000000."""
+    if a.denominator == 1 and b.denominator == 1:
+        return a == b
     return a == b or abs(a - b) <= Fraction(1, 10**6) * max(1, abs(b))
 
 

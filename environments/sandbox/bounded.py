@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import json
 import os
 import signal
 import socket
@@ -169,7 +170,7 @@ def _run_child(chan: socket.socket, fn: Callable[..., Any], args: tuple, kwargs:
     except BaseException as e:
         reply = {"kind": "error", "error": f"{type(e).__name__}: {e}"[:2000]}
     try:
-        size = len(_json(reply))
+        size = len(json.dumps(reply))  # characters: the bytes of ASCII JSON
     except Exception as e:
         reply, size = {"kind": "error", "error": f"the result is not JSON: {type(e).__name__}: {e}"[:2000]}, 0
     if size > bound.max_result_bytes:
@@ -177,12 +178,6 @@ def _run_child(chan: socket.socket, fn: Callable[..., Any], args: tuple, kwargs:
     with contextlib.suppress(OSError):
         wire.send(chan, reply)
     os._exit(0)
-
-
-def _json(obj: Any) -> bytes:
-    import json
-
-    return json.dumps(obj).encode()
 
 
 # --------------------------------------------------------------------------- the caller's side

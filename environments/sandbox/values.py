@@ -34,8 +34,7 @@ def class_name(cls: type) -> str:
 def encode(value: Any, classes: tuple[type, ...] = ()) -> Any:
     """JSON-ready data for ``value``; ``ValueError`` for a value that cannot travel."""
     allowed = {cls: class_name(cls) for cls in classes}
-    seen: dict[int, int] = {}
-    keep: list[Any] = []  # holds encoded objects so that their ids stay unique during the walk
+    seen: dict[int, int] = {}  # id of an object -> its number (the objects stay alive in ``value`` meanwhile)
 
     def walk(v: Any, hashable: bool = False) -> Any:
         t = type(v)
@@ -69,7 +68,6 @@ def encode(value: Any, classes: tuple[type, ...] = ()) -> Any:
             if id(v) in seen:
                 return {"r": seen[id(v)]}
             seen[id(v)] = n = len(seen)
-            keep.append(v)
             return {"o": n, "c": allowed[t], "a": {str(k): walk(x) for k, x in vars(v).items()}}
         raise ValueError(f"a value of type {t.__module__}.{t.__qualname__} cannot travel; fix: return plain data, "
                          "or name its class in classes=")
