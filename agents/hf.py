@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from trace_gym.agents.chat import encode, end_of_turn_ids, render_prompt
+from trace_gym.agents.padding import attention_mask, pad_rows
 from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
 from trace_gym.errors import ConfigError
 
@@ -93,13 +94,8 @@ class HFPolicy:
         else:
             row_src, uniq = list(range(len(prompts))), prompts
         pad = self.tokenizer.pad_token_id
-        width = max(len(p) for p in uniq)
-        ids = torch.full((len(uniq), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(uniq), width), dtype=torch.long)
-        for r, p in enumerate(uniq):  # left padding: every row's last prompt token is at column -1
-            ids[r, width - len(p):] = torch.tensor(p)
-            mask[r, width - len(p):] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        # left padding: every row's last prompt token is at column -1
+        ids, mask = pad_rows(uniq, pad, left=True).to(device), attention_mask(uniq, left=True).to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.stats.prefill_tokens += sum(len(p) for p in uniq)
         self.stats.rows += len(prompts)

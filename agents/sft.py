@@ -23,6 +23,7 @@ import torch
 
 from trace_gym.agents.chat import Conversation, tokenize_episode
 from trace_gym.agents.hf import sequence_logprobs
+from trace_gym.agents.padding import attention_mask, pad_rows
 from trace_gym.errors import ConfigError
 from trace_gym.progress import Progress
 
@@ -90,15 +91,9 @@ def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torc
 
 
 def _batch(seqs: list[tuple[list[int], list[bool]]], pad: int) -> tuple[torch.Tensor, ...]:
-    width = max(len(ids) for ids, _ in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    att = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, (s, m) in enumerate(seqs):  # right padding: positions start at 0 for every row
-        ids[r, :len(s)] = torch.tensor(s)
-        mask[r, :len(m)] = torch.tensor(m)
-        att[r, :len(s)] = 1
-    return ids, mask, att
+    ids = pad_rows([s for s, _ in seqs], pad)  # right padding: positions start at 0 for every row
+    mask = pad_rows([m for _, m in seqs], False, torch.bool, width=ids.shape[1])
+    return ids, mask, attention_mask([s for s, _ in seqs])
 
 
 def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | Conversation],

@@ -296,6 +296,7 @@ def expert_logprob(model: Any, seqs: Sequence[tuple[list[int], list[bool]]], pad
     import torch
 
     from trace_gym.agents.hf import sequence_logprobs
+    from trace_gym.agents.padding import attention_mask, pad_rows
 
     was = model.training
     model.eval()
@@ -303,14 +304,9 @@ def expert_logprob(model: Any, seqs: Sequence[tuple[list[int], list[bool]]], pad
     with torch.no_grad():
         for s in range(0, len(seqs), batch):
             part = seqs[s:s + batch]
-            width = max(len(i) for i, _ in part)
-            ids = torch.full((len(part), width), pad_id, dtype=torch.long)
-            att = torch.zeros((len(part), width), dtype=torch.long)
-            mask = torch.zeros((len(part), width))
-            for r, (i, m) in enumerate(part):
-                ids[r, :len(i)] = torch.tensor(i)
-                att[r, :len(i)] = 1
-                mask[r, :len(m)] = torch.tensor(m, dtype=torch.float32)
+            ids = pad_rows([i for i, _ in part], pad_id)
+            att = attention_mask([i for i, _ in part])
+            mask = pad_rows([m for _, m in part], 0.0, torch.float32, width=ids.shape[1])
             device = next(model.parameters()).device
             lp = sequence_logprobs(model, ids.to(device), att.to(device)).cpu()
             out.append((lp * mask[:, 1:]).sum(-1).double().numpy())

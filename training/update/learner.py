@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from trace_gym.agents.padding import attention_mask, pad_rows
 from trace_gym.errors import ConfigError
 from trace_gym.training.driver.config import TrainConfig
 from trace_gym.training.update.distributed import (
@@ -72,18 +73,11 @@ class Sample:
 
 def update_batch(samples: Sequence[Sample], pad_id: int) -> UpdateBatch:
     """Right-padded rows (context + action); the loss mask and behaviour logprobs sit on the action tokens."""
-    width = max(len(s.context) + len(s.action) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    att = torch.zeros((len(samples), width), dtype=torch.long)
-    mask = torch.zeros((len(samples), width))
-    old = torch.zeros((len(samples), width))
-    for r, s in enumerate(samples):
-        c, a = len(s.context), len(s.action)
-        ids[r, :c + a] = torch.tensor(s.context + s.action)
-        att[r, :c + a] = 1
-        mask[r, c:c + a] = 1.0
-        old[r, c:c + a] = torch.tensor(s.logprobs)
-    return UpdateBatch(ids, att, mask, old, torch.tensor([s.advantage for s in samples]))
+    rows = [s.context + s.action for s in samples]
+    mask = pad_rows([[0.0] * len(s.context) + [1.0] * len(s.action) for s in samples], 0.0, torch.float32)
+    old = pad_rows([[0.0] * len(s.context) + list(s.logprobs) for s in samples], 0.0, torch.float32)
+    return UpdateBatch(pad_rows(rows, pad_id), attention_mask(rows), mask, old,
+                       torch.tensor([s.advantage for s in samples]))
 
 
 def join_process_group(strategy: str) -> tuple[int, int]:
