@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trace_gym.actions import ActionParser, HermesParser
+from trace_gym.actions import ActionParser, HermesParser, load_json
 from trace_gym.errors import ConfigError, ServerError
 from trace_gym.tools import Tool, ToolCall
 
@@ -95,10 +95,7 @@ class ToolFormat:
 
     def _write(self, name: str, raw: str) -> str:
         """One call as the env's parser writes it; the Hermes form when it cannot (choice 1)."""
-        try:
-            args = json.loads(raw) if raw.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            args = None
+        args, _ = load_json(raw) if raw.strip() else ({}, None)  # never raises: the env answers what it cannot read
         if isinstance(args, dict):
             call = ToolCall(name, args)
             try:

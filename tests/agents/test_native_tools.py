@@ -75,7 +75,8 @@ def test_text_beside_the_calls_stays_in_front_of_them():
     assert fmt.action(msg) == "Let me compute.\n<python>2+3</python>"
 
 
-@pytest.mark.parametrize("arguments", ['{"code": ', '{"code": 5}', '{"code": "1+1", "x": "2"}'])
+@pytest.mark.parametrize("arguments", ['{"code": ', '{"code": 5}', '{"code": "1+1", "x": "2"}',
+                                       '{"code": ' + "9" * 5000 + "}", "[" * 100_000])
 def test_a_call_the_env_cannot_run_is_an_error_observation_not_a_crash(arguments):
     env = CalcEnv()
     env.reset(seed=0)
