@@ -32,6 +32,7 @@ from trace_gym.environments.math.arithmetic import ArithmeticConfig, make_tasks,
 from trace_gym.environments.records import Fields, Source, check_fields, find_column, read_records
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, SandboxSnapshot
 from trace_gym.errors import ConfigError, DataError
+from trace_gym.limits import Footprint
 from trace_gym.snapshot import NativeSnapshot
 from trace_gym.tasks import Task
 from trace_gym.tools import Tool, ToolCall
@@ -174,6 +175,15 @@ class MathEnv(ToolEnv):
     system_prompt = SYSTEM_PROMPT
     boxed_answers = True
     """Whether a turn without a tool call that writes ``\\boxed{...}`` answers (the prompt says so)."""
+
+    @staticmethod
+    def host_footprint(branching: bool) -> Footprint:
+        """Per trajectory at a step's peak (trace_gym.limits), from benchmarks/scale.py on three-cell episodes with
+        margin: a lineage (supervisor, worker) per bare rollout, frozen forks only where a branching allocator
+        may continue (flat allocators: about one lineage per tree)."""
+        if branching:
+            return Footprint(processes=3.0, descriptors=4.0, namespaces=1.0, memory_bytes=10 << 20)
+        return Footprint(processes=0.5, descriptors=1.0, namespaces=0.5, memory_bytes=2 << 20)
 
     def __init__(self, dataset: str = "math500", data_path: Source | None = None, from_hub: bool = False,
                  fields: Fields | None = None, tasks: Sequence[Task] | None = None,

@@ -14,6 +14,7 @@ import torch
 
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.errors import ConfigError
+from trace_gym.limits import HostNeeds, ensure_host
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import StepBudget, make_allocator
 from trace_gym.training.allocation.predictor import (
@@ -109,13 +110,26 @@ def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., to
     return with_memory(inner, p.replay, p.prior_strength)
 
 
+def env_class(env_id: str) -> type | None:
+    """The class a registered id builds (None for a factory that is not a class), without building one."""
+    try:
+        creator = gym.envs.registration.load_env_creator(gym.spec(env_id).entry_point)
+    except Exception:  # an id gym.make resolves otherwise (a module prefix): no check then
+        return None
+    return creator if isinstance(creator, type) else None
+
+
 def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Task],
                    sampling: SamplingParams, tokenizer: Any, model_path: str) -> Collector:
     """The training collector: in this process on ``policy``, or Ray workers that each build their own policy
     from ``model_path`` (`worker_policy`) and receive the trained weights through `update_weights`. Its trees
     keep native snapshots only where the allocator can branch (`SnapshotPolicy.for_allocator`)."""
     allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
-    snapshots = SnapshotPolicy.for_allocator(allocator, StepBudget(cfg.alloc.roots, cfg.alloc.multiplier))
+    budget = StepBudget(cfg.alloc.roots, cfg.alloc.multiplier)
+    snapshots = SnapshotPolicy.for_allocator(allocator, budget)
+    footprint = getattr(env_class(cfg.env.id), "host_footprint", None)
+    if footprint is not None:  # the step's peak must fit this host: fail now with the fix, not at step 40
+        ensure_host(HostNeeds.of(budget.total, footprint(snapshots.branching)))
     if cfg.distributed == "ray":
         from trace_gym.training.rollout.ray_workers import RayTreeCollector
 
