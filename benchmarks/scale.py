@@ -191,7 +191,7 @@ def main() -> None:
                 prev = next((r for r in reversed(rows) if r["env"] == env_name and r["policy"] == label
                              and "pss_mb" in r), None)
                 if label == "every node" and k > 256:
-                    reason = "not run past K = 256 (memory: ~9.4 MB per trajectory)"
+                    reason = "the earlier policy is a reference: run up to K = 256 only"
                 elif prev is not None and (prev["pss_mb"] * 2**20 * k / prev["K"]
                                            + prev["host_rss_mb"] * 2**20) > MEMORY_CAP:
                     reason = f"memory: K = {k} would pass {MEMORY_CAP >> 30} GiB"
