@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import time
 import uuid
 
 MAX_DEPTH = 64  # open directory descriptors held at once by a walk
@@ -134,11 +135,12 @@ def copy(src_fd: int, dst_fd: int) -> None:
                 os.close(fd)
 
 
-def remove(parent_fd: int, name: str, budget: int = 1_000_000) -> bool:
+def remove(parent_fd: int, name: str, budget: int = 1_000_000, deadline: float | None = None) -> bool:
     """Remove ``name`` (a file, a link or a whole tree) from ``parent_fd``; True once it is gone.
 
-    Never follows a link and never recurses; at most ``budget`` entries are removed (False past it, with the
-    rest left in place). A subtree below MAX_DEPTH is renamed into ``parent_fd`` and removed from there."""
+    Never follows a link and never recurses; at most ``budget`` entries are removed, and none after
+    ``deadline`` (``time.monotonic()``): False then, with the rest left in place. A subtree below MAX_DEPTH is
+    renamed into ``parent_fd`` and removed from there."""
     roots = [name]
     while roots:
         root = roots.pop()
@@ -164,7 +166,7 @@ def remove(parent_fd: int, name: str, budget: int = 1_000_000) -> bool:
                 descended = False
                 for child, cst in _entries(fd):
                     budget -= 1
-                    if budget < 0:
+                    if budget < 0 or (deadline is not None and time.monotonic() > deadline):
                         return False
                     if not stat.S_ISDIR(cst.st_mode):
                         with contextlib.suppress(FileNotFoundError):

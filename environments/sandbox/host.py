@@ -426,8 +426,8 @@ class _Lineage:
             def cleanup() -> None:
                 if memory is not None and not memory.remove():
                     template.stale_groups.append(memory)  # its last process is still exiting: retried later
-                if none:
-                    dirtree.remove(template.root_fd, name)
+                if none:  # what is left past the deadline goes with the template's root
+                    dirtree.remove(template.root_fd, name, deadline=time.monotonic() + _CONTROL_S)
 
             if self.pidfd is not None:
                 # Without namespaces killing pid 1 would not kill the rest: it gets _CONTROL_S to sweep and exit.

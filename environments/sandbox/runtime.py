@@ -468,8 +468,8 @@ def _supervise(ctl: socket.socket, namespaces: bool, lineage: int) -> None:
             os.close(fd)
         _sweep(namespaces, workers, alone)
         for name in msg.get("remove") or []:
-            if _own_name(name) is not None:
-                dirtree.remove(lineage, name)
+            if _own_name(name) is not None:  # within the host's deadline; the rest goes with the lineage
+                dirtree.remove(lineage, name, deadline=time.monotonic() + 5.0)
         wire.send(ctl, {"swept": True})
 
 

@@ -18,8 +18,8 @@ from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sa
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=1 << 30, processes=32, max_output_chars=2000)
 HOOK_OFF = "import sys\nsys.modules['__main__']._Guard.untrusted = False\n"
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-# A chain of directories 3,000 deep, made by descriptor (its path is longer than PATH_MAX).
-DEEP = ("import os\ndef deep(where):\n    fd = os.open(where, os.O_RDONLY)\n    for _ in range(3000):\n"
+# A chain of directories ``n`` deep, made by descriptor (3,000 deep, its path is longer than PATH_MAX).
+DEEP = ("import os\ndef deep(where, n=3000):\n    fd = os.open(where, os.O_RDONLY)\n    for _ in range(n):\n"
         "        os.mkdir('d', dir_fd=fd)\n        nxt = os.open('d', os.O_RDONLY, dir_fd=fd)\n        os.close(fd)\n"
         "        fd = nxt\n    os.close(os.open('leaf', os.O_CREAT | os.O_WRONLY, dir_fd=fd))\n    os.close(fd)\n")
 
@@ -70,7 +70,7 @@ def victim(tmp_path) -> Iterator[str]:
 def test_no_swapped_in_link_makes_the_host_chown_a_host_file(isolation: str, victim: str) -> None:
     # A branch of the same lineage runs while the other branch snapshots and restores: it replaces every new
     # directory of the lineage's folder with a link to a host file the sandbox user may not touch.
-    limits = SandboxLimits(timeout_s=8.0, cpu_s=8)
+    limits = SandboxLimits(timeout_s=8.0, cpu_s=8, processes=1 << 16)  # see the next test on processes
     box = PythonSandbox(limits, isolation=isolation)
     box.run("x = 1")
     root = os.path.dirname(box.workdir)
@@ -83,7 +83,8 @@ def test_no_swapped_in_link_makes_the_host_chown_a_host_file(isolation: str, vic
             f"            os.rename(os.path.join({root!r}, name), os.path.join({root!r}, 'moved-' + name))\n"
             f"            os.symlink({victim!r}, os.path.join({root!r}, name))\n            swapped += 1\n"
             "        except OSError:\n            pass\nprint('swapped', swapped)")
-    attack = threading.Thread(target=lambda: run(swapper, swap))
+    swapped: list[str] = []
+    attack = threading.Thread(target=lambda: swapped.append(run(swapper, swap)))
     attack.start()
     for _ in range(8):
         snap = box.snapshot()
@@ -93,6 +94,7 @@ def test_no_swapped_in_link_makes_the_host_chown_a_host_file(isolation: str, vic
         branch.close()
         snap.release()
     attack.join(60)
+    assert swapped and swapped[0].startswith("swapped "), swapped  # the attack ran
     if isolation == "none":  # the lineage's folder sits in a root that only the host can write
         st = os.stat(os.path.dirname(root))
         assert st.st_uid == 0 and st.st_mode & 0o022 == 0
@@ -109,9 +111,13 @@ def test_no_swapped_in_link_makes_the_host_chown_a_host_file(isolation: str, vic
 
 
 @pytest.mark.parametrize("isolation", ["jail", "none"])
-def test_a_3000_deep_tree_is_removed_by_close_and_reset(isolation: str) -> None:
-    box = PythonSandbox(LIMITS, isolation=isolation)
-    assert box.run(DEEP + "deep('.')\nprint('made')").output == "made\n"
+def test_a_deep_tree_is_removed_by_close_and_reset(isolation: str) -> None:
+    # Deeper than Python's recursion limit. Without namespaces the tree is on the host's disk, where each
+    # directory costs milliseconds: 1,200 levels there, 3,000 in the jail's tmpfs. (Without namespaces the
+    # process limit counts every process of the sandbox user on the machine: set it out of the way.)
+    box = PythonSandbox(SandboxLimits(timeout_s=60.0, cpu_s=60, processes=1 << 16), isolation=isolation)
+    n = 3000 if isolation == "jail" else 1200
+    assert box.run(DEEP + f"deep('.', {n})\nprint('made')").output == "made\n"
     box.run("x = 1")
     snap = box.snapshot()  # too deep to copy: a replay snapshot, and the lineage's folder holds the tree
     seen = box.host_workdir
@@ -119,7 +125,7 @@ def test_a_3000_deep_tree_is_removed_by_close_and_reset(isolation: str) -> None:
     box.reset()
     assert reaper.wait(10.0)  # reset() returns with the lineage killed; the reaper sees it gone
     assert not os.path.exists(seen)
-    box.run(DEEP + "deep('.')")
+    box.run(DEEP + f"deep('.', {n})")
     seen = box.host_workdir
     box.close()
     assert reaper.wait(10.0)
