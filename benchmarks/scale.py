@@ -29,6 +29,7 @@ from _common import machine, write_json
 import trace_gym  # noqa: F401  (registers the ids)
 from trace_gym.agents.policy import Generation, Request, SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
+from trace_gym.env_specs import make_env as make_trace_env
 from trace_gym.environments.math.env import ArithmeticEnv
 from trace_gym.environments.sandbox import reaper
 from trace_gym.environments.sandbox.host import sandbox_processes, start_template
@@ -171,13 +172,13 @@ def main() -> None:
     start_template()
     arithmetic = ArithmeticEnv(n_tasks=2000, difficulty=1)
     math_tasks = list(arithmetic.tasks)
-    qa = gym.make("trace/HotpotQA-v0")
+    qa = make_trace_env("trace/HotpotQA-v0")
     qa_tasks = list(qa.unwrapped.tasks)
     expert = ExpertPolicy(lambda s: qa.unwrapped.expert(noise=0.0, seed=s))
     envs = {
         "arithmetic": (lambda: ArithmeticEnv(tasks=math_tasks), Cells(), math_tasks,
                        ["grpo", "treepo", "every node"]),
-        "hotpotqa": (lambda: gym.make("trace/HotpotQA-v0"), expert, qa_tasks, ["grpo", "treepo"]),
+        "hotpotqa": (lambda: make_trace_env("trace/HotpotQA-v0"), expert, qa_tasks, ["grpo", "treepo"]),
     }
     rows: list[dict] = []
     stopped: set[tuple[str, str]] = set()
