@@ -7,12 +7,12 @@ from hypothesis import strategies as st
 
 from trace_gym.errors import ConfigError
 from trace_gym.training.allocation.solvers import (
-    bottom_up_values,
     prefix_utility,
     root_utility,
     solve_prefixes,
     solve_roots,
 )
+from trace_gym.tree_stats import bottom_up_values
 
 probs = st.floats(0.0, 1.0, allow_nan=False)
 
