@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(f"[info] step {step} trained: {detail}")
             if not prompts:
-                prompts = [t.root.meta["prompt_ids"] for t in list(trainer.collector.trees.values())[:4]]
+                prompts = [t.root.prompt_ids for t in list(trainer.collector.trees.values())[:4]]
             _, gap = probe(trainer, prompts)
             check(f"step {step} sync", gap <= tol, f"max |engine - trainer| log-prob gap {gap:.2e} (tol {tol})")
             kept = {k: v for k, v in metrics.items() if k.startswith(("time/", "rollout/", "loss/", "alloc/"))}

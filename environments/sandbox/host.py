@@ -734,11 +734,12 @@ def start_template(user: str | None = "nobody", isolation: str = "jail") -> int:
 
 
 def sandbox_processes() -> list[int]:
-    """Pids of every live sandbox process of this host process (the templates' descendants)."""
-    from trace_gym.processes import descendant_pids
+    """Pids of every live episode process of this host process: the templates' descendants, less the helpers
+    registered to live as long as the host (the answer checker's frozen sandbox, `trace_gym.processes`)."""
+    from trace_gym.processes import descendant_pids, services
 
     pids: set[int] = set()
     for t in list(_Template._instances.values()):
         if t.owner == os.getpid() and t.proc.poll() is None:
             pids |= descendant_pids(t.pid)
-    return sorted(pids)
+    return sorted(pids - services())

@@ -25,7 +25,7 @@ TASKS = 3
 
 def _record(tree):
     """What training would see of a tree: the prompt ids, then each turn's action and observation ids."""
-    return [tree.root.meta.get("prompt_ids")] + [(n.token_ids, n.meta.get("obs_ids"), n.action) for n in tree.nodes[1:]]
+    return [tree.root.prompt_ids] + [(n.token_ids, n.obs_ids, n.action) for n in tree.nodes[1:]]
 
 
 def test_a_url_spec_with_a_local_tokenizer_plays_the_episodes_transformers_plays(server, nano_dir):
@@ -37,14 +37,14 @@ def test_a_url_spec_with_a_local_tokenizer_plays_the_episodes_transformers_plays
     assert [t.turns for t in served.tasks] == [t.turns for t in local.tasks]
     assert all(n >= 2 for t in served.tasks for n in t.turns)
     for a, b in zip(served.trees, local.trees):
-        assert a.root.meta.get("prompt_ids") and _record(a) == _record(b)
+        assert a.root.prompt_ids and _record(a) == _record(b)
 
 
 def test_an_openai_spec_plays_multi_turn_episodes_on_chat_messages(server):
     policy = policy_from_spec("openai:tiny", PolicyOptions(base_url=server))
     result = evaluate_policy(policy, ENV, TASKS, sampling=GREEDY, keep_trees=True)
     assert len(result.tasks) == 3 and all(n >= 2 for t in result.tasks for n in t.turns)
-    assert all("prompt_ids" not in tree.root.meta for tree in result.trees)  # played on messages
+    assert all(tree.root.prompt_ids is None for tree in result.trees)  # played on messages
     assert all(n.action for tree in result.trees for n in tree.nodes[1:])
 
 
