@@ -70,6 +70,9 @@ _LOCK_COMMANDS = (6, 7, 37, 38, 1024)
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 _CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x80)
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+# prctl(PR_SET_DUMPABLE, ...): a dumpable worker's memory, and that of the snapshots forked from it, could be
+# rewritten through /proc/PID/mem by a later cell of the same user.
+_PR_SET_DUMPABLE = 4
 
 
 @functools.cache
@@ -96,6 +99,7 @@ def seccomp_program() -> bytes:
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for request in (_TIOCSTI, _TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+    f.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, _PR_SET_DUMPABLE))
     for command in _LOCK_COMMANDS:  # a read-only bound file is the same inode for every lineage and the host
         f.add_rule(deny, "fcntl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, command))
     with tempfile.TemporaryFile() as out:

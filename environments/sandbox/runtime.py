@@ -526,6 +526,9 @@ def _start_worker(runtime: _Runtime, chan: socket.socket, workdir: str) -> None:
         os.umask(0o077)
         if _Config.namespaces:
             kernel.drop_capabilities()  # the supervisor keeps its capabilities in the lineage's user namespace
+        # Not dumpable: no process of the same user (a later cell) may open this worker's, or a frozen fork's,
+        # /proc/PID/mem; forks inherit it, and the filter refuses to turn it back on.
+        kernel.set_dumpable(False)
         if _Config.seccomp:
             kernel.load_seccomp(_Config.seccomp)
         os.chdir(workdir)

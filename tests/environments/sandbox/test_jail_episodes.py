@@ -94,7 +94,7 @@ def test_no_swapped_in_link_makes_the_host_chown_a_host_file(isolation: str, vic
         branch.close()
         snap.release()
     attack.join(60)
-    assert swapped and swapped[0].startswith("swapped "), swapped  # the attack ran
+    assert swapped and swapped[0].startswith("swapped ") and int(swapped[0].split()[1]) > 0, swapped  # it swapped
     if isolation == "none":  # the lineage's folder sits in a root that only the host can write
         st = os.stat(os.path.dirname(root))
         assert st.st_uid == 0 and st.st_mode & 0o022 == 0
@@ -296,6 +296,75 @@ def test_restore_gives_the_files_the_snapshot_captured() -> None:
     branch.close()
     box.close()
     snap.release()
+    assert _settled() == []
+
+
+# A later cell looks for the snapshot's value in every other process's memory and overwrites it there.
+TAMPER = r"""
+import os
+found = []
+for p in os.listdir('/proc'):
+    if not p.isdigit() or int(p) in (1, os.getpid(), os.getppid()):
+        continue
+    try:
+        fd = os.open(f'/proc/{p}/mem', os.O_RDWR)
+    except OSError as e:
+        found.append(f'{p}:refused:{e.errno}')
+        continue
+    try:
+        for line in open(f'/proc/{p}/maps'):
+            span, perms = line.split()[:2]
+            lo, hi = (int(v, 16) for v in span.split('-'))
+            if 'rw' not in perms or hi - lo > (64 << 20):
+                continue
+            try:
+                data = os.pread(fd, hi - lo, lo)
+            except OSError:
+                continue
+            at = data.find(b'CAPTURED_' + b'MARKER')
+            while at >= 0:
+                os.pwrite(fd, b'TAMPERED', lo + at)
+                found.append(f'{p}:patched')
+                at = data.find(b'CAPTURED_' + b'MARKER', at + 1)
+    finally:
+        os.close(fd)
+print(found)
+"""
+SET_DUMPABLE = LIBC + "print(libc.prctl(4, 1, 0, 0, 0), ctypes.get_errno())"
+
+
+@pytest.mark.parametrize("isolation", ["jail", "namespaces", pytest.param("none", marks=pytest.mark.skipif(
+    os.geteuid() != 0, reason="isolation='none' without root runs cells as the test's own user"))])
+def test_no_later_cell_rewrites_a_frozen_snapshot_s_memory(isolation: str) -> None:
+    # The layer on its own: workers are not dumpable, so /proc/PID/mem of a frozen fork stays closed to the
+    # same user (with or without the filter and the namespaces).
+    with PythonSandbox(LIMITS, isolation=isolation) as box:
+        box.run("x = 'CAPTURED_' + 'MARKER'")
+        snap = box.snapshot()
+        assert snap.kind == "native"
+        out = run(box, TAMPER)
+        assert "patched" not in out and ":refused:" in out  # the frozen fork was there, and closed
+        with PythonSandbox(LIMITS, isolation=isolation) as branch:
+            branch.restore(snap)
+            assert branch.run("x").output == "'CAPTURED_MARKER'\n"
+        snap.release()
+    assert _settled() == []
+
+
+def test_the_filter_keeps_a_worker_from_making_itself_dumpable_again() -> None:
+    # The filter on its own: without it (namespaces) a cell may turn dumpable back on for itself and for the
+    # snapshots forked after it; with it the call is refused, and the tampering above stays closed.
+    with PythonSandbox(LIMITS, isolation="namespaces") as box:
+        assert run(box, SET_DUMPABLE).split() == ["0", "0"]
+    with PythonSandbox(LIMITS) as box:
+        assert run(box, SET_DUMPABLE).split() == ["-1", str(1)]  # EPERM
+        box.run("x = 'CAPTURED_' + 'MARKER'")
+        snap = box.snapshot()
+        assert "patched" not in run(box, TAMPER)
+        with PythonSandbox(LIMITS) as branch:
+            branch.restore(snap)
+            assert branch.run("x").output == "'CAPTURED_MARKER'\n"
+        snap.release()
     assert _settled() == []
 
 
