@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from trace_gym.errors import ConfigError
+from trace_gym.seeds import derive
 
 FinishReason = Literal["stop", "length"]
 
@@ -136,18 +137,6 @@ class Policy(Protocol):
 def row_seed(request: Request, sampling: SamplingParams, request_index: int, sample_index: int) -> int | None:
     """The seed a backend uses for one (request, sample) row."""
     if request.seed is not None:
-        return sample_seed(request.seed, 0, sample_index)
-    return sample_seed(sampling.seed, request_index, sample_index)
+        return derive(request.seed, 0, sample_index)
+    return None if sampling.seed is None else derive(sampling.seed, request_index, sample_index)
 
-
-def sample_seed(seed: int | None, request_index: int, sample_index: int) -> int | None:
-    """A per-(request, sample) seed, so that results do not depend on batch composition."""
-    if seed is None:
-        return None
-    # splitmix64-style mixing keeps nearby (seed, i, j) triples far apart.
-    x = (seed * 0x9E3779B97F4A7C15 + request_index * 0xBF58476D1CE4E5B9 + sample_index * 0x94D049BB133111EB)
-    x &= (1 << 64) - 1
-    x ^= x >> 31
-    x = (x * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-    x ^= x >> 29
-    return x & ((1 << 63) - 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from trace_gym.agents.chat import encode
-from trace_gym.agents.policy import Generation, Request, SamplingParams
+from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
 from trace_gym.errors import ConfigError
 from trace_gym.experts import Expert
 
@@ -18,8 +18,8 @@ class ExpertPolicy:
     score its text). Sampling parameters other than `n` do not apply: the expert's own seeded noise decides.
 
     Pass an expert factory (`seed -> Expert`) instead of an expert to make every turn depend on its request
-    alone, as the Policy contract asks: each sample then comes from a fresh expert seeded with
-    `request.seed + sample_index`, whatever the batching or the worker. One shared expert draws from one
+    alone, as the Policy contract asks: each sample then comes from a fresh expert seeded with the row's seed
+    (`row_seed`, as every backend samples), whatever the batching or the worker. One shared expert draws from one
     generator, so its noise depends on the order requests arrive in.
     """
 
@@ -36,7 +36,8 @@ class ExpertPolicy:
                                   f"messages={'set' if req.messages is not None else None}, task={req.task}; "
                                   "fix: Request(messages=info['messages'], task=env.task)")
             for j in range(sampling.n):
-                expert = self.expert if isinstance(self.expert, Expert) else self.expert((req.seed or 0) + j)
+                seed = row_seed(req, sampling, i, j) or 0
+                expert = self.expert if isinstance(self.expert, Expert) else self.expert(seed)
                 text = expert.act(req.task, list(req.messages))
                 ids: list[int] = []
                 if self.tokenizer is not None:

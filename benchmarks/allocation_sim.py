@@ -142,7 +142,7 @@ def variants(quick: bool) -> tuple[list[Variant], list[Variant]]:
         Variant("trace: + free uniform fit", "trace", free_uniform_fit=True),
         Variant("trace: explore 25%", "trace", explore=0.25),
         Variant("trace: replay last 8 steps", "trace", replay=8),
-        # The defect found in session 1: lr 0.05 lets each fit overwrite the shared features (predictor.py, 3).
+        # A defect found early on: lr 0.05 lets each fit overwrite the shared features (predictor.py, 3).
         Variant("trace: predictor lr 0.05 (old default)", "trace", lr=0.05),
         Variant("grpo: predictor lr 0.05 (old default)", "grpo", lr=0.05),
     ]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU path check (issue 7): two TRACE steps of the tiny model with the vLLM backend, weight sync verified,
+# GPU path check: two TRACE steps of the tiny model with the vLLM backend, weight sync verified,
 # prefix-cache hit rates and step time per stage reported. Exits non-zero on any failure; bounded to 8 minutes.
 #
 #   scripts/gpu_check.sh                      # vLLM on GPU 0 (needs: pip install -e '.[train,vllm]')

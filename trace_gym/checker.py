@@ -29,6 +29,7 @@ from trace_gym.env import _BASE_FIELDS, TextEnv, ToolEnv, fingerprint
 from trace_gym.env_specs import make_env
 from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
 from trace_gym.processes import descendant_pids, services
+from trace_gym.seeds import derive
 from trace_gym.tools import ToolCall
 
 Outcome = tuple[str, float, bool, bool, list[dict[str, Any]], dict[str, Any]]
@@ -213,7 +214,7 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     rng = np.random.default_rng(seed)
     other = factory()
     for script in range(scripts):
-        _check_script(base, other, rng, seed + script, depth, branches, frozenset(ignore_info))
+        _check_script(base, other, rng, derive(seed, script), depth, branches, frozenset(ignore_info))
     other.close()
     base.close()
     del other, base

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from _study import STUDY_RUNS, arith_kwargs, trainer, warm_start
 
-from trace_gym.agents.policy import Request, SamplingParams, sample_seed
+from trace_gym.agents.policy import Request, SamplingParams
+from trace_gym.seeds import derive
 
 
 def main() -> None:
@@ -67,7 +68,7 @@ def main() -> None:
             for v in range(args.visits):
                 t1 = time.perf_counter()
                 t.collector.begin_step()
-                t.collector.bare_rollouts({x.id: args.group for x in tasks}, seed=sample_seed(11, v, 0))
+                t.collector.bare_rollouts({x.id: args.group for x in tasks}, seed=derive(11, v, 0))
                 trees = list(t.collector.trees.values())
                 f.writelines(json.dumps({"visit": v, **tree.to_dict()}) + "\n" for tree in trees)
                 succ = np.mean([tree.value(0) for tree in trees])

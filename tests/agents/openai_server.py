@@ -98,10 +98,13 @@ class ScriptedServer:
                 try:
                     outer._record(self, body)
                     time.sleep(outer.hold)
-                    self._send(*outer.script(self.path, body))
+                    reply = outer.script(self.path, body)
                 finally:
+                    # Counted out before the answer goes: once the client has read it, it may send the next
+                    # request before this thread would get past a later decrement.
                     with outer._lock:
                         outer.in_flight -= 1
+                self._send(*reply)
 
             def _send(self, status: int, headers: dict[str, str], data: bytes) -> None:
                 self.send_response(status)

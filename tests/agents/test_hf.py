@@ -80,8 +80,9 @@ def test_min_new_tokens_suppresses_end_of_turn(nano_policy):
 
 @pytest.mark.parametrize("keep", [True, False])
 def test_stop_string_ends_the_turn_and_cuts_the_text(nano_policy, keep):
-    # A common single character appears soon in random text; the turn must end right at its first occurrence.
-    sp = SamplingParams(max_new_tokens=200, min_new_tokens=1, n=8, seed=0, stop=("e", "o"),
+    # A common single character appears soon in random text; the turn must end right at its first occurrence
+    # (no minimum length: a stop string inside the first min_new_tokens tokens does not count, as in vLLM).
+    sp = SamplingParams(max_new_tokens=200, min_new_tokens=0, n=8, seed=0, stop=("e", "o"),
                         include_stop_str_in_output=keep)
     gens = nano_policy.generate([Request(messages=MSGS)], sp)
     hits = [g for g in gens if g.finish_reason == "stop" and not set(g.token_ids) & nano_policy.stop_ids]

@@ -88,3 +88,19 @@ def test_the_checker_takes_a_module_colon_class_spec() -> None:
     from trace_gym.checker import check_trace_env
 
     check_trace_env("tests.trace_gym.toy_envs:VaultEnv", skip_gym_check=True)
+
+
+def test_an_env_whose_tool_cannot_run_fails_the_check() -> None:
+    # A tool that cannot start its backend is a setup failure: it raises out of step(), so the checker fails
+    # instead of passing an env whose every call would read as the model's mistake.
+    from tests.trace_gym.toy_envs import DiceEnv
+    from trace_gym.checker import check_trace_env
+
+    class BrokenDice(DiceEnv):
+        def roll(self, sides: int = 6) -> str:
+            """Roll one die on a backend that is not there."""
+            raise RuntimeError("the dice backend could not start")
+
+    check_trace_env(DiceEnv, skip_gym_check=True)
+    with pytest.raises(RuntimeError, match="could not start"):
+        check_trace_env(BrokenDice, skip_gym_check=True)

@@ -109,6 +109,6 @@ class EnvSession:
         try:
             return self._snapshots[handle]
         except KeyError:
-            raise ConfigError(f"expected a snapshot handle of this session, got {handle!r} (held: "
+            raise ConfigError(f"expected a snapshot handle of this EnvSession, got {handle!r} (held: "
                               f"{', '.join(self._snapshots) or 'none'}); fix: use the handle snapshot returned"
                               ) from None

@@ -76,7 +76,8 @@ class TraceGymRollout:
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
         from trace_gym.agents.hf import HFPolicy
-        from trace_gym.agents.policy import SamplingParams, sample_seed
+        from trace_gym.agents.policy import SamplingParams
+        from trace_gym.seeds import derive
         from trace_gym.training.rollout.collector import TreeCollector, path_tokens
 
         tasks = [self.task_of(p) for p in prompts]
@@ -92,7 +93,7 @@ class TraceGymRollout:
         unique = {t.id: t for t in tasks}
         collector = TreeCollector(policy, self.make_env, list(unique.values()), sampling, tokenizer, "replay",
                                   self.workers, self.max_context)
-        seed = sample_seed(int(args.seed), int(trainer.state.global_step), 0) or 0
+        seed = derive(int(args.seed), int(trainer.state.global_step), 0)
         try:
             collector.begin_step()
             collector.bare_rollouts(dict(counts), seed)

@@ -50,8 +50,9 @@ def prefix_utility(r: np.ndarray | float, v: np.ndarray | float, k: np.ndarray |
 
 def _check_probabilities(name: str, x: np.ndarray) -> None:
     if x.ndim != 1 or not np.all(np.isfinite(x)) or np.any(x < 0) or np.any(x > 1):
-        raise ConfigError(f"expected {name} as a 1-D array of probabilities in [0, 1], got {x!r}; "
-                          "fix: clip predictor outputs to [0, 1] and drop NaNs")
+        # A predictor that breaks its contract is a bug, not a setting: a plain error with its traceback.
+        raise ValueError(f"expected {name} as a 1-D array of probabilities in [0, 1], got {x!r} (a predictor "
+                         "must return finite values in [0, 1])")
 
 
 def solve_roots(values: np.ndarray, budget: int, cap: int) -> np.ndarray:

@@ -6,8 +6,8 @@ policy (the simulation, the allocation benchmark) this is the whole step.
 
 Choices where the paper is silent:
 1. All randomness of a step derives from (seed, step): the allocators' generator is
-   ``default_rng([seed, step])`` and the sampling seeds of the two rollout stages are
-   ``sample_seed(seed, step, 0)`` and ``sample_seed(seed, step, 1)``, so a resumed run repeats an
+   ``generator(seed, step)`` and the sampling seeds of the two rollout stages are
+   ``derive(seed, step, 0)`` and ``derive(seed, step, 1)`` (`trace_gym.seeds`), so a resumed run repeats an
    uninterrupted one exactly on the CPU.
 2. The ``oracle`` allocator reads exact success probabilities in place of the predictor's, from a collector
    that knows them (`ExactValues`, the simulation's); the predictor is still scored and fit, so its
@@ -25,8 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from trace_gym.agents.policy import sample_seed
 from trace_gym.errors import ConfigError
+from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import Allocator, StepBudget
 from trace_gym.training.allocation.metrics import tree_metrics
@@ -68,7 +68,7 @@ def take_step(collector: Collector, allocator: Allocator, predictor: Predictor, 
               timer: StageTimer | None = None) -> StepResult:
     """Allocate over the candidate ``pool``, roll out and expand through ``collector``, then score and fit
     ``predictor`` on the fresh trees. ``timer`` collects time/allocate_s, rollout_s, expand_s, predictor_s."""
-    rng = np.random.default_rng([seed, step])
+    rng = generator(seed, step)
     timer = timer if timer is not None else StageTimer()
     exact = collector.true_values if isinstance(collector, ExactValues) else None
     if allocator.oracle and exact is None:
@@ -79,10 +79,10 @@ def take_step(collector: Collector, allocator: Allocator, predictor: Predictor, 
         roots = allocate_roots(allocator, values, pool, budget, rng)
     collector.begin_step()
     with timer("rollout"):
-        stats = collector.bare_rollouts(roots.counts, seed=sample_seed(seed, step, 0) or 0)
+        stats = collector.bare_rollouts(roots.counts, seed=derive(seed, step, 0))
     with timer("expand"):
         plan = plan_continuations(allocator, values, collector.trees, roots, budget, rng)
-        stats += collector.continuations(plan.counts(), seed=sample_seed(seed, step, 1) or 0)
+        stats += collector.continuations(plan.counts(), seed=derive(seed, step, 1))
     trees = collector.trees
     metrics: dict[str, Any] = {**roots.metrics(), **plan.metrics(), **stats.metrics("rollout/"),
                                "alloc/budget": float(stats.trajectories)}

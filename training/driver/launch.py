@@ -17,7 +17,7 @@ from trace_gym.training.update.distributed import ray_run
 def ray_train(cfg: TrainConfig, ranks: int, resume: str | None = None, gpus_per_rank: float = 0.0,
               cpus_per_rank: float = 1.0) -> dict[str, Any]:
     """Train with ``ranks`` Ray actors joined in one process group (connecting as `cfg.ray` says); returns
-    the lead's summary."""
+    rank 0's summary."""
     from trace_gym.training.rollout.ray_workers import init_ray
 
     if cfg.model.strategy == "single" or ranks < 1:

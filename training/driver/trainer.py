@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from trace_gym.agents.policy import SamplingParams, sample_seed
+from trace_gym.agents.policy import SamplingParams
 from trace_gym.env_specs import env_factory
 from trace_gym.errors import ConfigError
+from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import StepBudget, make_allocator
 from trace_gym.training.allocation.stages import build_samples
@@ -75,7 +76,7 @@ class TaskStream:
         for _ in range(n):
             epoch, i = divmod(self.position, len(self.tasks))
             if epoch != self._epoch:
-                self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+                self._epoch, self._order = epoch, generator(self.seed, epoch).permutation(len(self.tasks))
             out.append(self.tasks[int(self._order[i])])
             self.position += 1
         return out
@@ -161,7 +162,7 @@ class Trainer:
         with timer("update"):
             samples = build_samples(result.trees, cfg.optim.advantage, cfg.optim.skip_zero_advantage)
             annotate(result.trees, samples=samples)
-            metrics.update(self.learner.update(samples.samples, sample_seed(cfg.seed, step, 2) or 0,
+            metrics.update(self.learner.update(samples.samples, derive(cfg.seed, step, 2),
                                                self.tokenizer.pad_token_id))
         with timer("sync"):
             self.sync_weights()
@@ -208,7 +209,7 @@ class Trainer:
         if self.eval_collector is None:
             raise ConfigError("expected eval.tasks > 0 to evaluate, got 0; fix: eval.tasks=64")
         result = evaluate(self.eval_collector, self.eval_tasks, self.cfg.eval.samples,
-                          sample_seed(self.cfg.seed, self.step_count, 3) or 0)
+                          derive(self.cfg.seed, self.step_count, 3))
         by_id = {o.task_id: o for o in result.tasks}
         per_prompt = {"success": [by_id[t.id].success for t in self.eval_tasks],
                       "tool_use": [by_id[t.id].tool_use for t in self.eval_tasks]}

@@ -47,8 +47,9 @@ from typing import Any, Protocol
 import gymnasium as gym
 
 from trace_gym.agents.chat import Conversation, Segment
-from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams, sample_seed
+from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams
 from trace_gym.errors import ConfigError, TraceGymError
+from trace_gym.seeds import derive
 from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
@@ -353,7 +354,7 @@ class TreeCollector:
 
     def _request(self, b: _Branch, seed: int) -> Request:
         state = self._trees[b.task_id]
-        rseed = sample_seed(seed, b.index, b.turn)
+        rseed = derive(seed, b.index, b.turn)
         if self.tokenizer is not None:
             return Request(prompt_ids=state.convs[b.node].ids, task=state.task, seed=rseed)
         return Request(messages=state.messages[b.node], task=state.task, seed=rseed)

@@ -13,13 +13,13 @@ Choices:
    over its samples, and intervals are Student-t over prompts (prompts are the independent draws; samples of
    one prompt are not).
 2. Prompts are played ``chunk`` at a time (default 64) through one collector step each, so at most that many
-   envs are open; chunk c samples with seed ``sample_seed(seed, c, 0)``. Callers pass a fresh ``seed`` per
+   envs are open; chunk c samples with seed ``derive(seed, c, 0)``. Callers pass a fresh ``seed`` per
    evaluation (the trainer derives it from (run seed, step)), so repeated evaluations do not reuse draws.
 3. ``branches`` (tree rollouts, `trace-gym rollout`): after a chunk's bare rollouts, each tree is continued
    ``branches`` times, in rounds of one continuation per tree, each from a node drawn uniformly among the
    tree's open (non-terminal) nodes at that moment, earlier continuations' nodes included; round b samples
-   with ``sample_seed(seed, c, 2 + b)`` and the draws come from a generator seeded with
-   ``sample_seed(seed, c, 1)``. Their leaves count as episodes of the prompt like its bare samples.
+   with ``derive(seed, c, 2 + b)`` and the draws come from a generator
+   ``generator(seed, c, 1)`` (`trace_gym.seeds`). Their leaves count as episodes of the prompt like its bare samples.
 4. The expert measure scores P(the expert's actions | its observations) at T = 1 under the trained model, so
    it has no sampling noise: its paired interval over 200 prompts is ~10x narrower than 200 x 2 sampled
    episodes' (docs/learning.md). It exists for envs whose expert plays one canonical solution (Arithmetic);
@@ -39,13 +39,15 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from trace_gym.agents.policy import Policy, SamplingParams, sample_seed
+from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.errors import ConfigError
+from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.metrics import mean_ci95
 from trace_gym.training.driver.config import TrainConfig
 from trace_gym.training.rollout.collector import TreeCollector
 from trace_gym.tree import Node, RolloutTree
+from trace_gym.tree_stats import is_mixed
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class TaskOutcome:
     @property
     def mixed(self) -> bool:
         """Whether the samples hold both a success and a failure (the prompts tree advantages learn from)."""
-        return len({r > 0 for r in self.rewards}) == 2
+        return is_mixed(np.array([r > 0 for r in self.rewards]), np.ones(len(self.rewards), dtype=bool))
 
     def row(self) -> dict[str, Any]:
         """The JSONL row of this prompt: task id, success, and each sample's reward, turns, stop reason and answer."""
@@ -190,16 +192,16 @@ def rollout_chunks(collector: TreeCollector, counts: Mapping[str, int], seed: in
     for c, start in enumerate(range(0, len(ids), chunk)):
         collector.begin_step()
         done += collector.bare_rollouts({tid: counts[tid] for tid in ids[start:start + chunk]},
-                                        sample_seed(seed, c, 0) or 0).trajectories
+                                        derive(seed, c, 0)).trajectories
         if progress is not None:
             progress(done)
-        rng = np.random.default_rng(sample_seed(seed, c, 1))
+        rng = generator(seed, c, 1)
         for b in range(branches):
             starts = {}
             for tid, tree in collector.trees.items():
                 open_nodes = [n.id for n in tree if not n.is_terminal]  # the root stays open
                 starts[(tid, open_nodes[int(rng.integers(len(open_nodes)))])] = 1
-            done += collector.continuations(starts, sample_seed(seed, c, 2 + b) or 0).trajectories
+            done += collector.continuations(starts, derive(seed, c, 2 + b)).trajectories
             if progress is not None:
                 progress(done)
         yield collector.trees

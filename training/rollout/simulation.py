@@ -17,7 +17,7 @@ Deviations and choices where the paper is silent:
    quality (effective ratio, contrastive pairs, calibration) at a fixed policy, not learning speed.
 2. The predictor is fit on each step's fresh trees after its calibration on them is recorded.
 3. The collector plays each started rollout to its end before the next (there is no batched generation to
-   keep in lockstep); rollout i of a stage call draws its moves from ``default_rng([seed, i])``.
+   keep in lockstep); rollout i of a stage call draws its moves from ``generator(seed, i)``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 
 from trace_gym.env import TextEnv, Turn
 from trace_gym.errors import ConfigError
+from trace_gym.seeds import generator
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import Allocator, StepBudget
 from trace_gym.training.allocation.predictor import Predictor, Prefix
@@ -179,7 +180,7 @@ class SimCollector:
     def _run(self, starts: Sequence[tuple[str, int]], seed: int) -> CollectStats:
         stats = CollectStats(trajectories=len(starts))
         for i, (tid, node_id) in enumerate(starts):
-            self._play(tid, node_id, np.random.default_rng([seed, i]), stats)
+            self._play(tid, node_id, generator(seed, i), stats)
         return stats
 
     def _play(self, tid: str, node_id: int, rng: np.random.Generator, stats: CollectStats) -> None:

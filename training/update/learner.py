@@ -162,7 +162,7 @@ class Learner:
         self._command(None)
 
     def follow(self) -> None:
-        """On ranks > 0: run the lead's commands until it stops."""
+        """On ranks > 0: run rank 0's commands until it stops."""
         while True:
             command, args = broadcast_object(None)
             if command is None:  # stop

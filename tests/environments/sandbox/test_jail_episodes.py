@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.environments.sandbox.leaks import settled
 from trace_gym.environments.sandbox import dirtree, memcg, reaper
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes, start_template
 
@@ -45,12 +46,6 @@ def _running() -> list[int]:
     return alive
 
 
-def _settled() -> list[int]:
-    for _ in range(200):
-        if not sandbox_processes():
-            return []
-        time.sleep(0.02)
-    return sandbox_processes()
 
 
 def run(box: PythonSandbox, code: str) -> str:
@@ -107,7 +102,7 @@ def test_no_swapped_in_link_makes_the_host_chown_a_host_file(isolation: str, vic
     box.close()
     swapper.close()
     first.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 @pytest.mark.parametrize("isolation", ["jail", "none"])
@@ -131,7 +126,7 @@ def test_a_deep_tree_is_removed_by_close_and_reset(isolation: str) -> None:
     assert reaper.wait(10.0)
     assert seen is not None and not os.path.exists(seen)
     snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_closed_branch_leaves_no_files_while_the_lineage_lives() -> None:
@@ -148,7 +143,7 @@ def test_a_closed_branch_leaves_no_files_while_the_lineage_lives() -> None:
     assert run(box, "print(open('keep.txt').read())") == "k\n"
     box.close()
     snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_removal_follows_no_link(tmp_path) -> None:
@@ -175,7 +170,7 @@ def test_each_lineage_has_its_own_ptys() -> None:
         out = run(b, f"import os\nprint(sorted(os.listdir('/dev/pts')))\ntry:\n    os.open({opened!r}, os.O_RDWR)\n"
                      "    print('opened')\nexcept OSError as e:\n    print('refused', e.errno)")
         assert "opened" not in out and os.path.basename(opened) not in out.splitlines()[0]
-    assert _settled() == []
+    assert settled() == []
 
 
 LOCKS = ("import fcntl, os\nf = open('/usr/lib/os-release', 'rb')\nfor name, lock in "
@@ -233,7 +228,7 @@ def test_per_user_counters_and_hidden_memory_are_refused() -> None:
     for name in COUNTED:
         assert jailed[name] == (-1, 1), (name, jailed[name])
     assert namespaced["inotify"][0] >= 0 and namespaced["memfd"][0] >= 0  # what the filter adds
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_inotify_instances_of_the_sandbox_user_stay_free() -> None:
@@ -256,7 +251,7 @@ def test_one_disk_quota_per_lineage_for_every_file_it_writes() -> None:
         assert 4 <= wrote <= 8  # all three places draw on one 8 MiB quota
         assert int(run(b, write)) >= 4  # another episode's quota is its own
         assert a.run("print(6*7)").output == "42\n"
-    assert _settled() == []
+    assert settled() == []
 
 
 HOG = ("import os, time\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
@@ -273,7 +268,7 @@ def test_a_lineage_s_memory_is_bounded_in_total() -> None:
         killed = int(run(box, HOG))
         assert killed >= 3  # at most two 100 MiB processes fit in 256 MiB at once
         assert box.run("print(6*7)").output == "42\n" and other.run("print(6*7)").output == "42\n"
-    assert _settled() == []
+    assert settled() == []
 
 
 # --------------------------------------------------------------------------- snapshot integrity
@@ -296,7 +291,7 @@ def test_restore_gives_the_files_the_snapshot_captured() -> None:
     branch.close()
     box.close()
     snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 # A later cell looks for the snapshot's value in every other process's memory and overwrites it there.
@@ -348,7 +343,7 @@ def test_no_later_cell_rewrites_a_frozen_snapshot_s_memory(isolation: str) -> No
             branch.restore(snap)
             assert branch.run("x").output == "'CAPTURED_MARKER'\n"
         snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_the_filter_keeps_a_worker_from_making_itself_dumpable_again() -> None:
@@ -365,7 +360,7 @@ def test_the_filter_keeps_a_worker_from_making_itself_dumpable_again() -> None:
             branch.restore(snap)
             assert branch.run("x").output == "'CAPTURED_MARKER'\n"
         snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_an_untouched_snapshot_restores_natively() -> None:
@@ -381,4 +376,4 @@ def test_an_untouched_snapshot_restores_natively() -> None:
         branch.close()
     box.close()
     snap.release()
-    assert _settled() == []
+    assert settled() == []

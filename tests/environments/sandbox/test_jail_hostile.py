@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.environments.sandbox.leaks import settled
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes, start_template
 
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=1 << 30, processes=32, max_output_chars=2000)
@@ -27,13 +28,6 @@ def template() -> None:
     start_template()  # lives as long as this process: the baseline of the leak checks
 
 
-def _settled() -> list[int]:
-    for _ in range(200):
-        left = sandbox_processes()
-        if not left:
-            return []
-        time.sleep(0.02)
-    return sandbox_processes()
 
 
 @pytest.fixture
@@ -43,7 +37,7 @@ def box() -> Iterator[PythonSandbox]:
     yield sandbox
     assert sandbox.run("print(6*7)").output == "42\n"
     sandbox.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 @pytest.fixture
@@ -147,7 +141,7 @@ def test_each_sandbox_has_its_own_namespaces_unlike_the_host() -> None:
     assert len(seen_a) == len(kinds) == len(seen_b)
     for mine, other, theirs in zip(seen_a, seen_b, host):
         assert mine != theirs and mine != other
-    assert _settled() == []
+    assert settled() == []
 
 
 # --------------------------------------------------------------------------- file system
@@ -183,7 +177,7 @@ def test_one_sandbox_cannot_see_or_touch_another_ones_files() -> None:
                                f"    print('no', e.errno)\ntry:\n    os.remove({target!r})\nexcept OSError as e:\n"
                                "    print('no', e.errno)").output
         assert out.count("no ") == 2 and os.path.exists(seen)
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_the_file_system_is_read_only_but_the_working_directory(box: PythonSandbox) -> None:
@@ -216,7 +210,7 @@ def test_one_episode_cannot_stop_another_ones_worker() -> None:
                                       "        os.kill(int(p), signal.SIGSTOP)").output
         assert b.run("print(6*7)").output == "42\n", out
         assert b.run("y").output == "2\n"
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_process_limits_are_per_sandbox() -> None:
@@ -232,7 +226,7 @@ def test_process_limits_are_per_sandbox() -> None:
         out = b.run(HOOK_OFF + "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n"
                                "print('forked')").output
         assert out == "forked\n"  # ... which b does not share
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_nothing_a_cell_starts_outlives_the_cell() -> None:
@@ -252,7 +246,7 @@ def test_nothing_a_cell_starts_outlives_the_cell() -> None:
     assert "thread" in out.output and not out.committed and box.run("print('z' in dir())").output == "False\n"
     assert len(sandbox_processes()) == len(baseline)
     box.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_branch_leaves_nothing_behind_while_its_snapshot_lives() -> None:
@@ -276,7 +270,7 @@ def test_a_branch_leaves_nothing_behind_while_its_snapshot_lives() -> None:
     assert again.run("x").output == "1\n"
     again.close()
     snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 # --------------------------------------------------------------------------- restore and crashes
@@ -296,7 +290,7 @@ def test_a_killed_frozen_snapshot_falls_back_to_replay() -> None:
     branch.close()
     box.close()
     snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_stopped_frozen_snapshot_falls_back_to_replay() -> None:
@@ -312,7 +306,7 @@ def test_a_stopped_frozen_snapshot_falls_back_to_replay() -> None:
     branch.close()
     box.close()
     snap.release()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_cell_that_kills_its_worker_gets_the_truth_and_the_state_back(box: PythonSandbox) -> None:
@@ -349,7 +343,7 @@ def test_seccomp_refuses_what_the_namespaces_alone_allow() -> None:
         assert jailed[name] == (-1, 1), (name, jailed[name])  # EPERM from the filter
     # Without the filter the same calls reach the kernel: a socket opens, a nested user namespace is made.
     assert namespaced["socket_inet"][0] >= 0 and namespaced["unshare_user"][0] == 0
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_the_network_namespace_alone_stops_a_connection(listener) -> None:
@@ -361,4 +355,4 @@ def test_the_network_namespace_alone_stops_a_connection(listener) -> None:
         assert box.run("print(6*7)").output == "42\n"
     time.sleep(0.2)
     assert "socket ok" in out and "connected" not in out and accepted == []
-    assert _settled() == []
+    assert settled() == []

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.environments.sandbox.leaks import settled
 from trace_gym.environments.sandbox import reaper
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes
 
@@ -109,7 +110,7 @@ def test_release_and_close_end_every_process() -> None:
     for s in snaps:
         s.release()
     box.close()
-    assert _settled_count() == 0
+    assert len(settled()) == 0
 
 
 def test_garbage_collected_snapshot_ends_its_process() -> None:
@@ -125,14 +126,6 @@ def test_garbage_collected_snapshot_ends_its_process() -> None:
     assert pid not in sandbox_processes()
 
 
-def _settled_count() -> int:
-    import time
-
-    for _ in range(50):  # killed processes disappear once the template reaps them
-        if not sandbox_processes():
-            return 0
-        time.sleep(0.02)
-    return len(sandbox_processes())
 
 
 def test_finished_workers_are_reaped_not_left_as_zombies() -> None:
@@ -142,7 +135,7 @@ def test_finished_workers_are_reaped_not_left_as_zombies() -> None:
         for i in range(10):
             box.run(f"x = {i}")
         box.close()
-    assert _settled_count() == 0
+    assert len(settled()) == 0
 
 
 @pytest.fixture

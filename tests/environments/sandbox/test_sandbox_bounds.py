@@ -5,12 +5,12 @@ with a generous timeout (a liveness check, not a timing assert)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
+from tests.environments.sandbox.leaks import settled
 from trace_gym.environments.sandbox import host
-from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes, start_template
+from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, start_template
 
 FAST = SandboxLimits(timeout_s=1.0, cpu_s=5, memory_bytes=1 << 30, processes=32, replay_s=1.0)
 HOOK_OFF = "import sys\nsys.modules['__main__']._Guard.untrusted = False\n"
@@ -25,12 +25,6 @@ def template() -> None:
     start_template()
 
 
-def _settled() -> list[int]:
-    for _ in range(200):
-        if not sandbox_processes():
-            return []
-        time.sleep(0.02)
-    return sandbox_processes()
 
 
 def finishes(fn, within: float = 60.0):
@@ -59,7 +53,7 @@ def test_a_worker_that_stops_reading_cannot_block_the_host_send() -> None:
     box.reset()
     assert box.run("print(6*7)").output == "42\n"
     box.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_cell_whose_reply_comes_late_is_not_committed() -> None:
@@ -74,7 +68,7 @@ def test_a_cell_whose_reply_comes_late_is_not_committed() -> None:
     assert result.status == "crashed" and not result.committed and "timeout (1.0 s)" in result.output
     assert box.run("print('z' in dir(), keep)").output == "False 7\n"
     box.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_crash_defers_the_rebuild_and_the_rebuild_is_bounded() -> None:
@@ -89,7 +83,7 @@ def test_a_crash_defers_the_rebuild_and_the_rebuild_is_bounded() -> None:
     assert result.output.startswith("True False\n") and "rebuilt only up to cell" in result.output
     assert 2 <= len(box.cells) <= 4 and box.run("a0").output == "0\n"
     box.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_patched_worker_cannot_stretch_snapshot(monkeypatch) -> None:
@@ -100,7 +94,7 @@ def test_a_patched_worker_cannot_stretch_snapshot(monkeypatch) -> None:
     assert snap.kind == "replay"
     assert box.run("x").output == "1\n"  # the overrunning worker was dropped; the cells rebuilt it
     box.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_frozen_snapshot_that_stalls_its_restore_falls_back_to_replay(monkeypatch) -> None:
@@ -115,7 +109,7 @@ def test_a_frozen_snapshot_that_stalls_its_restore_falls_back_to_replay(monkeypa
     assert result.output.startswith("42\n") and "did not answer" in result.output and not snap.alive
     branch.close()
     box.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_snapshot_between_a_restore_and_its_first_cell_keeps_its_bound(monkeypatch) -> None:
@@ -131,7 +125,7 @@ def test_a_snapshot_between_a_restore_and_its_first_cell_keeps_its_bound(monkeyp
     assert result.output.startswith("42\n") and "did not answer" in result.output
     branch.close()
     box.close()
-    assert _settled() == []
+    assert settled() == []
 
 
 def test_a_cell_that_overruns_its_timeout_is_killed_in_time() -> None:
@@ -140,4 +134,4 @@ def test_a_cell_that_overruns_its_timeout_is_killed_in_time() -> None:
     assert result.status == "timeout" and not result.committed
     assert box.run("print('z' in dir())").output == "False\n"
     box.close()
-    assert _settled() == []
+    assert settled() == []

@@ -127,3 +127,10 @@ def test_bottom_up_values_is_weighted_mean_of_children(data):
         if kids:
             assert counts[y] == sum(counts[c] for c in kids)
             assert values[y] == pytest.approx(sum(counts[c] * values[c] for c in kids) / counts[y])
+
+
+@pytest.mark.parametrize("values", [[0.5, float("nan")], [1.2, 0.5], [[0.5, 0.5]]])
+def test_a_predictor_breaking_its_contract_is_a_bug_not_a_user_error(values):
+    with pytest.raises(ValueError) as info:
+        solve_roots(np.array(values), 4, cap=4)
+    assert not isinstance(info.value, ConfigError)

@@ -1,0 +1,28 @@
+"""Seeds: every derived seed and random generator of the library comes from here.
+
+A run has one seed; each stream that needs its own randomness (a step's allocation, a rollout chunk's
+sampling, one sample of one request, an expert's turn) is named by a tuple of non-negative integer keys under
+it, and numpy's `SeedSequence` turns (seed, *keys) into independent state. So results do not depend on batch
+composition, worker count or the order in which streams are drawn, and nearby keys give unrelated streams.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+
+
+def _entropy(seed: int, keys: tuple[int, ...]) -> list[int]:
+    return [int(seed) & _MASK64, *(int(k) & _MASK64 for k in keys)]
+
+
+def derive(seed: int, *keys: int) -> int:
+    """A 63-bit seed for the stream ``keys`` under ``seed`` (for backends and envs that take an int seed)."""
+    state = np.random.SeedSequence(_entropy(seed, keys)).generate_state(1, np.uint64)
+    return int(state[0]) & ((1 << 63) - 1)
+
+
+def generator(seed: int, *keys: int) -> np.random.Generator:
+    """A numpy generator for the stream ``keys`` under ``seed`` (``default_rng([seed, *keys])``)."""
+    return np.random.default_rng(np.random.SeedSequence(_entropy(seed, keys)))
