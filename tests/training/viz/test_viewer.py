@@ -65,14 +65,16 @@ def collect_trees(n_prompts: int = 6, budget: int = 12, seed: int = 0) -> list[R
     return list(trees.values())
 
 
-def failing_tree(rollouts: int = 3) -> RolloutTree:
-    """A tree whose every rollout fails: the expert at noise 1 always searches distractors and answers wrong."""
+def expert_tree(noise: float, index: int, rollouts: int = 3) -> RolloutTree:
+    """A tree of one prompt played by the expert at a fixed noise: at noise 1 it always searches distractors and
+    answers wrong (every rollout fails), at noise 0 every rollout succeeds. The filters need both kinds whatever
+    the collected step happened to produce."""
     from trace_gym.environments.qa.env import MultiHopQAEnv
 
     env = MultiHopQAEnv(max_turns=3)
     wrapper = TreeRolloutWrapper(env)
-    expert = env.expert(noise=1.0, seed=0)
-    obs_info = wrapper.reset(seed=0, options={"index": 7})
+    expert = env.expert(noise=noise, seed=0)
+    obs_info = wrapper.reset(seed=0, options={"index": index})
     for j in range(rollouts):
         _play(wrapper, expert, obs_info if j == 0 else wrapper.branch(0))
     tree = wrapper.tree
@@ -83,7 +85,7 @@ def failing_tree(rollouts: int = 3) -> RolloutTree:
 @pytest.fixture(scope="module")
 def trees() -> list[RolloutTree]:
     out = collect_trees()
-    return [*out[:4], failing_tree(), *out[4:]]
+    return [*out[:4], expert_tree(noise=1.0, index=7), expert_tree(noise=0.0, index=8), *out[4:]]
 
 
 @pytest.fixture(scope="module")
