@@ -248,7 +248,9 @@ class ArithmeticEnv(MathEnv):
 
     system_prompt = ("Compute the answer. Run Python with the python tool, read the output, then reply "
                      "<answer>the number</answer>.")
-    compact_prompt = "Run <python>print(expression)</python>, then reply <answer>the number</answer>."
+    # Every token of it is in every episode the tiny model trains on (a third of an episode with the longer
+    # "Run <python>print(expression)</python>, then reply <answer>the number</answer>.").
+    compact_prompt = "Use <python>, then <answer>."
     boxed_answers = False  # the prompt asks for <answer> only
 
     def __init__(self, difficulty: int | None = None, config: ArithmeticConfig | Mapping[str, Any] | None = None,
