@@ -87,8 +87,11 @@ def ci_bars(ax: Any, rows: dict[str, dict[str, Any]], series: Sequence[tuple[str
 
 # ----------------------------------------------------------------- the tiny model on real envs (trainer API)
 QUICKSTART = Path(__file__).parent.parent / "configs" / "quickstart.yaml"
+# The always-tool setting (400 SFT steps, the default Arithmetic mix) that the allocation benchmark and the
+# learning studies of docs/learning.md sections 1-4 were measured on; the quickstart has moved on since.
+COPYING = Path(__file__).parent.parent / "configs" / "quickstart_copying.yaml"
 BENCH_RUNS = Path(__file__).parent.parent / "runs" / "bench"
-ENV_OVERRIDES: dict[str, list[str]] = {  # per env: config overrides on top of configs/quickstart.yaml
+ENV_OVERRIDES: dict[str, list[str]] = {  # per env: config overrides on top of the base config
     "trace/Arithmetic-v0": [],
     # Tag format (compact prompt) and short observations: episodes of ~750 byte tokens fit the tiny model's SFT
     # and rollout context; 16 episodes per SFT step keep the warm start near 9 minutes on 2 cores.
@@ -101,23 +104,28 @@ def env_short(env_id: str) -> str:
     return env_id.split("/")[-1].split("-")[0].lower()
 
 
-def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> Any:
-    """The quickstart config pointed at ``env_id`` and a warm-started model under runs/bench/<env>/."""
+def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = (), config: Path = QUICKSTART) -> Any:
+    """``config`` (the quickstart's by default) pointed at ``env_id`` and a warm-started model under
+    runs/bench/<env>/."""
     from trace_gym.training.driver.config import load_config
 
     base = BENCH_RUNS / env_short(env_id)
-    return load_config(QUICKSTART, [f"env.id={env_id}", f"model.path={base}/model-init",
+    return load_config(config, [f"env.id={env_id}", f"model.path={base}/model-init",
                                     f"sft.output={base}/model-sft", f"run_dir={run_dir}", "log.progress=false",
                                     *ENV_OVERRIDES.get(env_id, []), *overrides])
 
 
-def warm_model(env_id: str, name: str | None = None, overrides: Sequence[str] = ()) -> str:
+def warm_model(env_id: str, name: str | None = None, overrides: Sequence[str] = (),
+               config: Path = QUICKSTART) -> str:
     """Build and SFT the tiny model on ``env_id``'s scripted expert once (cached under runs/bench/``name``,
-    default the env's short name; ``overrides`` change the warm start's config); returns the model folder."""
+    default the env's short name; ``config`` and ``overrides`` set the warm start); returns the model folder."""
+    from rich.console import Console
+
     from trace_gym.env_specs import env_factory
     from trace_gym.training.driver.warm_start import warm_start
 
     base = BENCH_RUNS / (name or env_short(env_id))
     cfg = train_config(env_id, base / "warm", [f"model.path={base}/model-init", f"sft.output={base}/model-sft",
-                                               *overrides])
-    return warm_start(cfg, env_factory(cfg.env.id, cfg.env.kwargs))
+                                               *overrides], config)
+    # A console shows the build and the SFT's progress: a cold warm start takes minutes.
+    return warm_start(cfg, env_factory(cfg.env.id, cfg.env.kwargs), console=Console(stderr=True))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import BENCH_RUNS, ci_bars, env_short, fmt, mean_ci, pyplot, train_config, warm_model
+from _common import BENCH_RUNS, COPYING, ci_bars, env_short, fmt, mean_ci, pyplot, train_config, warm_model
 from allocation_sim import finite_mean, metric_row, summarise
 
 # active + active; uniform_active and active_uniform change one stage each.
@@ -87,7 +87,7 @@ def _real_job(job: tuple[str, str, str, int, int, tuple[str, ...], str]) -> list
     run_dir = BENCH_RUNS / env_short(env_id) / "alloc" / re.sub(r"\W+", "-", case.lower()) / f"{allocator}-{seed}"
     cfg = train_config(env_id, run_dir, [f"model.path={model}", "sft.enabled=false", f"seed={seed}",
                                          f"alloc.allocator={allocator}", "eval.tasks=0", "env.workers=1",
-                                         *overrides])
+                                         *overrides], COPYING)
     trainer = Trainer(cfg)
     try:
         return [allocation_step(trainer, s + 1) for s in range(steps)]
@@ -99,7 +99,7 @@ def real_env(case: str, allocators: Sequence[str], seeds: int, steps: int, overr
              workers: int) -> dict[str, Any]:
     """Each allocator on the real-env ``case`` at the fixed warm-started tiny model, several seeds."""
     env_id, own = REAL_CASES[case]
-    model = warm_model(env_id)
+    model = warm_model(env_id, config=COPYING)
     jobs = [(case, env_id, a, s, steps, (*own, *overrides), model) for a in allocators for s in range(seeds)]
     with ProcessPoolExecutor(workers) as ex:
         done = list(ex.map(_real_job, jobs, chunksize=1))
@@ -111,7 +111,7 @@ def real_env(case: str, allocators: Sequence[str], seeds: int, steps: int, overr
             out[a][key] = mean_ci([finite_mean([r[key] for r in rows[len(rows) // 2:]]) for rows in runs])
         print(f"  {case} {a}: effective ratio {fmt(out[a]['effective_ratio'])}", flush=True)
     grpo = [rows for (_, _, name, *_), rows in zip(jobs, done) if name == "grpo"]
-    budget = train_config(env_id, BENCH_RUNS, [*own, *overrides]).alloc
+    budget = train_config(env_id, BENCH_RUNS, [*own, *overrides], COPYING).alloc
     spread = difficulty(grpo, budget.group_size, budget.pool_size, budget.roots, budget.cap) if grpo else None
     if spread:
         print(f"  {case} prompts at the fixed policy (grpo groups of {budget.group_size}): {spread}", flush=True)

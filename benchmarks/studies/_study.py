@@ -23,7 +23,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import BENCH_RUNS, mean_ci, train_config, warm_model  # noqa: E402
+from _common import BENCH_RUNS, COPYING, mean_ci, warm_model  # noqa: E402
+from _common import train_config as bench_config  # noqa: E402
 
 from trace_gym.training.rollout.evaluate import (  # noqa: E402
     expert_logprob,
@@ -57,13 +58,19 @@ def tasks_of(make_env: Callable[[], Any], n: int | None = None) -> list[Any]:
 def warm_start(sft_steps: int = 400) -> str:
     """The tiny model SFT'd on Arithmetic (level-3 mix) for ``sft_steps`` steps; cached under runs/bench."""
     if sft_steps == 400:
-        return warm_model(ENV)
+        return warm_model(ENV, config=COPYING)
     from trace_gym.env_specs import env_factory as factory
     from trace_gym.training.driver.warm_start import warm_start as build
 
     base = BENCH_RUNS / "arithmetic"
-    cfg = train_config(ENV, base / "warm", [f"sft.steps={sft_steps}", f"sft.output={base}/model-sft{sft_steps}"])
+    cfg = bench_config(ENV, base / "warm", [f"sft.steps={sft_steps}", f"sft.output={base}/model-sft{sft_steps}"],
+                       COPYING)
     return build(cfg, factory(cfg.env.id, cfg.env.kwargs))
+
+
+def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> Any:
+    """The studies' setting: configs/quickstart_copying.yaml pointed at ``env_id`` (see benchmarks/_common.py)."""
+    return bench_config(env_id, run_dir, overrides, COPYING)
 
 
 def load(model_path: str) -> tuple[torch.nn.Module, Any]:

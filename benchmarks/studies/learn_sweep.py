@@ -1,10 +1,10 @@
 """Driver sweep: RL runs of the tiny model from one warm start, held-out gain measured paired.
 
-Each setting is a list of trainer config overrides on top of configs/quickstart.yaml (Arithmetic). Every
-run starts from the same warm start; the held-out prompts are the same for all runs (the eval split's
-first ``--eval-tasks``), evaluated before (cached per warm start and eval set) and after ``--steps`` steps
-(and every ``--eval-every``), sampled at T = 1 with a fresh seed per evaluation, and by the teacher-forced
-expert probability. Rows go to ``--log`` (JSONL) and a table is printed.
+Each setting is a list of trainer config overrides on top of configs/quickstart_copying.yaml (Arithmetic, the
+always-tool setting). Every run starts from the same warm start; the held-out prompts are the same for all
+runs (the eval split's first ``--eval-tasks``), evaluated before (cached per warm start and eval set) and
+after ``--steps`` steps (and every ``--eval-every``), sampled at T = 1 with a fresh seed per evaluation, and
+by the teacher-forced expert probability. Rows go to ``--log`` (JSONL) and a table is printed.
 
     .venv/bin/python benchmarks/studies/learn_sweep.py --name lr2e-4 --set optim.lr=2e-4 alloc.allocator=grpo
 """

@@ -1,6 +1,6 @@
 """Screen policy-update settings with the shuffled-advantage check (benchmarks/studies/signal_check.py).
 
-One trainer (configs/quickstart.yaml on Arithmetic, one warm start, ``--set`` overrides for the rollouts)
+One trainer (configs/quickstart_copying.yaml on Arithmetic, one warm start, ``--set`` overrides for the rollouts)
 collects ``--repeats`` step batches once; then for each ``--setting NAME:key=value,key=value`` (optimiser
 overrides) the update is applied with true and with shuffled advantages from the same weights, evaluated
 paired on the same held-out prompts. Rows go to ``--log`` (JSONL).
