@@ -57,15 +57,9 @@ def tasks_of(make_env: Callable[[], Any], n: int | None = None) -> list[Any]:
 
 def warm_start(sft_steps: int = 400) -> str:
     """The tiny model SFT'd on Arithmetic (level-3 mix) for ``sft_steps`` steps; cached under runs/bench."""
-    if sft_steps == 400:
-        return warm_model(ENV, config=COPYING)
-    from trace_gym.env_specs import env_factory as factory
-    from trace_gym.training.driver.warm_start import warm_start as build
-
-    base = BENCH_RUNS / "arithmetic"
-    cfg = bench_config(ENV, base / "warm", [f"sft.steps={sft_steps}", f"sft.output={base}/model-sft{sft_steps}"],
-                       COPYING)
-    return build(cfg, factory(cfg.env.id, cfg.env.kwargs))
+    other = [] if sft_steps == 400 else [f"sft.steps={sft_steps}",
+                                         f"sft.output={BENCH_RUNS / 'arithmetic'}/model-sft{sft_steps}"]
+    return warm_model(ENV, overrides=other, config=COPYING)
 
 
 def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = ()) -> Any:
