@@ -9,7 +9,7 @@ from collections.abc import Container
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# folder -> the package it installs as (pyproject's package-dir, the symlinks under trace_gym/)
+# folder -> the package it installs as (pyproject's package-dir)
 PACKAGES = {"trace_gym": "trace_gym", "training": "trace_gym.training", "agents": "trace_gym.agents",
             "environments": "trace_gym.environments"}
 
@@ -19,8 +19,6 @@ def _modules() -> dict[str, Path]:
     for folder, package in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT / folder)
-            if folder == "trace_gym" and rel.parts[0] in ("training", "agents", "environments"):
-                continue  # the symlinks: the folders above are their real homes
             parts = [package, *rel.with_suffix("").parts]
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out

@@ -19,6 +19,13 @@ ROOT = Path(__file__).resolve().parents[3]
 TRAIN_ONLY = ("torch", "transformers", "tokenizers", "peft", "accelerate", "matplotlib")
 
 
+def sysconfig_site() -> list[str]:
+    """This interpreter's site-packages folders."""
+    import site
+
+    return site.getsitepackages()
+
+
 def _base_closure() -> set[str]:
     """The distributions that ``pip install trace-gym`` pulls: the base requirements and theirs, no extras."""
     base = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -49,12 +56,15 @@ def base_venv(tmp_path_factory) -> Path:
             src, dst = Path(dist.locate_file(top)), site / top
             if src.exists() and not dst.exists() and not top.endswith(".pth"):
                 dst.symlink_to(src)
+    # This checkout's code as its editable install maps it (trace_gym.training -> training/, ...): the finder
+    # module and the .pth that installs it, the project's own installed files.
+    for f in sorted(p for d in sysconfig_site() for p in Path(d).glob("__editable__*trace_gym*")):
+        (site / f.name).symlink_to(f)
     return venv
 
 
 def _run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env["PYTHONPATH"] = str(ROOT)  # this checkout's code, as an editable install would give it
     return subprocess.run([str(venv / "bin" / "python"), *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=300)
 
