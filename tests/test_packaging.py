@@ -32,4 +32,7 @@ def test_the_listed_packages_are_exactly_the_folders_with_an_init():
     listed = {_folder(p, settings["package-dir"]) for p in settings["packages"]}
     found = {init.parent for folder in ("trace_gym", "trace_gym_verifiers", "environments", "agents", "training")
              for init in (ROOT / folder).rglob("__init__.py") if "__pycache__" not in init.parts}
+    # data folders whose names are identifiers: setuptools warns unless they are listed
+    found |= {d for d in [ROOT / "environments" / "data", *(ROOT / "environments" / "data").rglob("*")]
+              if d.is_dir() and d.name.isidentifier()}
     assert sorted(p.relative_to(ROOT).as_posix() for p in listed ^ found) == []
