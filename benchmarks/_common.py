@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_gym.training.allocation.metrics import mean_ci95
+from trace_gym.training.stats import mean_ci95
 
 RESULTS = Path(__file__).parent / "results"
 DOCS_IMG = Path(__file__).parent.parent / "docs" / "img"
@@ -107,7 +107,7 @@ def env_short(env_id: str) -> str:
 def train_config(env_id: str, run_dir: Path, overrides: Sequence[str] = (), config: Path = QUICKSTART) -> Any:
     """``config`` (the quickstart's by default) pointed at ``env_id`` and a warm-started model under
     runs/bench/<env>/."""
-    from trace_gym.training.driver.config import load_config
+    from trace_gym.training.config import load_config
 
     base = BENCH_RUNS / env_short(env_id)
     return load_config(config, [f"env.id={env_id}", f"model.path={base}/model-init",

@@ -19,10 +19,11 @@ import numpy as np
 from _common import mean_ci, pyplot
 
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.allocators import ALLOCATORS, StagedAllocator, StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import StagedAllocator, make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix, ReplayPredictor
-from trace_gym.training.allocation.step import take_step
-from trace_gym.training.rollout.simulation import TERRAIN, SimCollector, make_tasks, value_at
+from trace_gym.training.config import ALLOCATORS, StepBudget
+from trace_gym.training.simulation import TERRAIN, SimCollector, make_tasks, value_at
+from trace_gym.training.step import take_step
 
 METRICS = {  # output name -> take_step metric key (None: derived)
     "effective_ratio": "alloc/effective_ratio",

@@ -43,11 +43,12 @@ from trace_gym.agents.chat import encode
 from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.agents.policy import Generation, Request, SamplingParams
 from trace_gym.env_specs import env_factory
-from trace_gym.training.allocation.stages import build_samples
-from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.config import TrainConfig
 from trace_gym.training.rollout.collector import TreeCollector
-from trace_gym.training.update.learner import Learner, Sample
+from trace_gym.training.step import build_samples
+from trace_gym.training.update.learner import Learner
 from trace_gym.training.update.packing import unique_tokens
+from trace_gym.training.update.samples import Sample
 from trace_gym.tree import RolloutTree
 
 SETS: dict[str, dict[str, Any]] = {
@@ -168,7 +169,7 @@ def flex_attempt(model_dir: Path, samples: list[Sample]) -> str:
     """Whether a packed update runs with flex attention here (a message either way)."""
     from transformers import AutoModelForCausalLM
 
-    from trace_gym.training.update.distributed import policy_update
+    from trace_gym.training.update.optimizer_step import policy_update
     from trace_gym.training.update.packing import pack_rows
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="flex_attention")

@@ -49,9 +49,8 @@ def main() -> None:
     from trace_gym.agents.hf import HFPolicy
     from trace_gym.agents.sft import SFTSettings, sft
     from trace_gym.agents.tiny import build_tiny_model
-    from trace_gym.env_specs import env_factory
-    from trace_gym.training.driver.builders import dataset_of
-    from trace_gym.training.driver.config import load_config
+    from trace_gym.env_specs import env_factory, env_tasks
+    from trace_gym.training.config import load_config
     from trace_gym.training.driver.warm_start import collect_expert_episodes
 
     cfg = load_config(QUICKSTART)
@@ -59,7 +58,7 @@ def main() -> None:
     at = {100, 250, 400} if args.quick else {50, 100, 150, 200, 250, 300, 350, 400}
     make_env = env_factory(ENV, cfg.env.kwargs)
     make_eval_env = env_factory(ENV, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-    tasks = dataset_of(make_eval_env)[:n_eval]
+    tasks = env_tasks(make_eval_env)[:n_eval]
     start = time.perf_counter()
     curve: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:

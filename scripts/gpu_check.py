@@ -35,7 +35,7 @@ def check(name: str, ok: bool, detail: str) -> bool:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from trace_gym.training.driver.config import TrainConfig
+    from trace_gym.training.config import TrainConfig
 
     out = Path(args.out)
     return TrainConfig.from_dict({
@@ -105,7 +105,7 @@ def probe(trainer: Any, prompts: list[list[int]]) -> tuple[list[list[int]], floa
     import torch
 
     from trace_gym.agents.policy import Request, SamplingParams
-    from trace_gym.training.update.distributed import token_logprobs
+    from trace_gym.training.update.batches import token_logprobs
 
     sampling = SamplingParams(temperature=0.0, max_new_tokens=16, min_new_tokens=16)
     gens = trainer.policy.generate([Request(prompt_ids=p) for p in prompts], sampling)
@@ -124,7 +124,7 @@ def model_logprobs(trainer: Any, prompts: list[list[int]], tokens: list[list[int
     """The trainer model's log-probs of `tokens` after each prompt, concatenated (CPU)."""
     import torch
 
-    from trace_gym.training.update.distributed import token_logprobs
+    from trace_gym.training.update.batches import token_logprobs
 
     out = []
     for prompt, toks in zip(prompts, tokens):
@@ -149,9 +149,9 @@ def update_paths(trainer: Any, trees: list[Any], repeats: int = 3) -> dict[str, 
 
     import torch
 
-    from trace_gym.training.allocation.stages import build_samples
-    from trace_gym.training.update.distributed import policy_update
-    from trace_gym.training.update.learner import update_batch
+    from trace_gym.training.step import build_samples
+    from trace_gym.training.update.batches import update_batch
+    from trace_gym.training.update.optimizer_step import policy_update
     from trace_gym.training.update.packing import pack_batches, trie_order
 
     cfg = trainer.cfg

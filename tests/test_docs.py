@@ -21,7 +21,7 @@ PUBLIC = {
     "trace_gym.agents.hf": ["HFPolicy"], "trace_gym.agents.vllm": ["VLLMPolicy"],
     "trace_gym.agents.openai_backend": ["OpenAIPolicy"], "trace_gym.agents.scripted": ["ExpertPolicy"],
     "trace_gym.agents.specs": ["PolicyOptions"], "trace_gym.training.driver.trainer": ["Trainer"],
-    "trace_gym.training.driver.config": ["TrainConfig"],
+    "trace_gym.training.config": ["TrainConfig"],
 }
 
 

@@ -1,6 +1,6 @@
-"""The import graph of the package: no cycle among module-level imports (type-only ones included), and the core
-(``trace_gym/`` itself) imports neither ``training`` nor torch at module level, so envs, trees, snapshots, the
-checker and the env server load on the base install."""
+"""The import graph of the package: no cycle among module-level imports (type-only ones included); the core
+(``trace_gym/`` itself) imports neither torch, ``agents`` nor ``training`` anywhere, lazily included, so envs,
+trees, snapshots, the checker and the env server run on the base install; ``training/`` is a stack of layers."""
 
 from __future__ import annotations
 
@@ -69,9 +69,54 @@ def test_the_module_graph_has_no_cycle():
     assert cycles == []
 
 
-def test_the_core_imports_no_training_and_no_torch_at_module_level():
-    heavy = ("torch", "transformers", "trace_gym.training")
+# training/ as a stack, bottom first: a module imports (at module level or inside a function) only modules of its
+# own layer's package or of layers below. Packages in one layer are siblings and never import each other.
+TRAINING_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("config", "stats", "viz"),
+    ("update", "rollout"),
+    ("allocation",),
+    ("step",),
+    ("simulation", "driver"),
+    ("cli", "integrations"),
+)
+
+
+def _all_imports(path: Path) -> list[str]:
+    """Every module an import statement anywhere in the file names (lazy imports included)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return names
+
+
+def _part(module: str) -> str | None:
+    """The training package (or top-level module) a module belongs to: ``allocation``, ``config``, ..."""
+    prefix = "trace_gym.training."
+    return module[len(prefix):].split(".")[0] if module.startswith(prefix) else None
+
+
+def test_training_is_a_stack_of_layers():
+    layer_of = {part: i for i, layer in enumerate(TRAINING_LAYERS) for part in layer}
+    modules = {m: p for m, p in _modules().items() if _part(m) is not None}
+    assert {_part(m) for m in modules} == set(layer_of), "every training package has a layer"
+    wrong = []
+    for module, path in sorted(modules.items()):
+        here = _part(module)
+        for name in _all_imports(path):
+            there = _part(name)
+            if there is None or there == here or name not in modules:
+                continue
+            if layer_of[there] >= layer_of[here]:
+                wrong.append(f"{module} -> {name}")
+    assert wrong == []
+
+
+def test_the_core_never_imports_torch_agents_or_training():
+    heavy = ("torch", "transformers", "trace_gym.training", "trace_gym.agents")
     core = [m for m in _modules() if not m.startswith(("trace_gym.training", "trace_gym.agents",
                                                       "trace_gym.environments"))]
-    found = {m: [n for n in _top_level_imports(_modules()[m]) if n.startswith(heavy)] for m in core}
+    found = {m: [n for n in _all_imports(_modules()[m]) if n.startswith(heavy)] for m in core}
     assert {m: n for m, n in found.items() if n} == {}

@@ -14,6 +14,7 @@ import gymnasium as gym
 from trace_gym.actions import ActionParser, HermesParser, TagParser
 from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
 from trace_gym.experts import Expert
+from trace_gym.limits import Footprint
 from trace_gym.snapshot import NativeSnapshot, ReplaySnapshot, Snapshot
 from trace_gym.spaces import String
 from trace_gym.tasks import Task
@@ -62,8 +63,9 @@ class TextEnv(gym.Env[str, str]):
 
     **Hooks** (what a subclass overrides; the "hooks" sections below): ``turn`` (required), ``load_tasks`` (or
     pass ``tasks=``), ``begin``, ``reset_info``, ``example_actions``, ``expert``; the class attributes
-    ``episode_fields`` and ``untracked_fields``; for state that cannot be deep-copied, ``state_dict`` /
-    ``load_state_dict`` or ``native_snapshot``. **Plumbing** (call it, do not override it: it keeps the
+    ``episode_fields`` and ``untracked_fields``; ``host_footprint`` for an env whose episodes hold OS
+    resources; for state that cannot be deep-copied, ``state_dict`` / ``load_state_dict`` or
+    ``native_snapshot``. **Plumbing** (call it, do not override it: it keeps the
     contracts below): ``reset``, ``step``, ``snapshot``, ``restore``, ``replay``, ``current``, ``base_state``,
     ``tasks``, ``task_by_id``. Cross-cutting behaviour (turn limits, recording) belongs in a wrapper.
 
@@ -87,6 +89,14 @@ class TextEnv(gym.Env[str, str]):
     """Hook (optional): define ``def expert(self, noise: float = 0.0, seed: int = 0) -> Expert``, a scripted player
     of this env's tasks (warm-start data, the checker's well-formed turns, ``--policy expert``). ``None`` here
     means the env has none, which is what callers test for."""
+
+    @staticmethod
+    def host_footprint(branching: bool) -> Footprint | None:
+        """Hook (optional): what one trajectory of this env holds on the host at a step's peak (processes,
+        descriptors, namespaces, memory: `trace_gym.limits.Footprint`), with native snapshots kept where the
+        allocator branches (``branching``) or not. The trainer checks a step's total against the host's limits
+        before the first step. None (this default): nothing beyond Python objects."""
+        return None
 
     def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, render_mode: str | None = None,
                  max_action_chars: int = 32_000):
@@ -177,7 +187,7 @@ class TextEnv(gym.Env[str, str]):
         if self._done:
             raise TraceGymError("the episode is over; call reset() or restore a snapshot before step()")
         if not isinstance(action, str):
-            raise ConfigError(f"expected the action as str (the assistant's turn), got {type(action).__name__}")
+            raise TypeError(f"expected the action as str (the assistant's turn), got {type(action).__name__}")
         self._actions.append(action)
         self.turn_count += 1
         self.messages.append({"role": "assistant", "content": action})

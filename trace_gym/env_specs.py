@@ -32,20 +32,90 @@ import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
 from trace_gym.errors import ConfigError, nearest
+from trace_gym.experts import Expert
+from trace_gym.tasks import Task
 
 FORMS = "a registered id (trace-gym envs lists them), module:id or module:Class"
 
 
 @dataclass(frozen=True)
 class EnvFactory:
-    """``EnvFactory(spec, kwargs)()`` makes a fresh env. Plain data, so it pickles to worker processes (which
-    resolve the spec again, importing its module there)."""
+    """``EnvFactory(spec, kwargs)()`` makes a fresh env. The factory also answers what callers ask of the env,
+    so that none builds a throwaway env of its own: its class (`env_class`, no env built), its tasks (`tasks`,
+    read once) and its scripted expert (`expert`, from one env it builds on first need and holds until
+    `close`). Plain data, so it pickles to worker processes (which resolve the spec again, importing its module
+    there); `EnvFactory.of` wraps any env-making callable (which then stays in this process)."""
 
     spec: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    build: Callable[[], gym.Env] | None = field(default=None, compare=False, repr=False)
+    """A callable that makes the env instead of the spec (`of`)."""
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, make_env: Callable[[], gym.Env]) -> EnvFactory:
+        """``make_env`` itself when it is a factory, else a factory around it."""
+        return make_env if isinstance(make_env, EnvFactory) else cls("", {}, build=make_env)
 
     def __call__(self) -> gym.Env:
-        return make_env(self.spec, **dict(self.kwargs))
+        return self.build() if self.build is not None else make_env(self.spec, **dict(self.kwargs))
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.build is not None:
+            raise TypeError("expected an EnvFactory of an env spec to send to another process, got one around a "
+                            "callable; fix: name the env by a spec (env_factory(spec, kwargs))")
+        return {"spec": self.spec, "kwargs": dict(self.kwargs), "build": None, "_cache": {}}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def env_class(self) -> type[gym.Env] | None:
+        """The env class the spec names, without building one (None for a factory function or a callable)."""
+        return spec_class(self.spec) if self.build is None else None
+
+    def tasks(self) -> list[Task]:
+        """The env's tasks, in order (its ``tasks`` attribute), read once."""
+        if "tasks" not in self._cache:
+            held = "env" in self._cache
+            env = self._env()
+            self._cache["tasks"] = list(getattr(env.unwrapped, "tasks", None) or [])
+            if not held:  # read and gone: only an expert keeps the env
+                self.close()
+        return list(self._cache["tasks"])
+
+    @property
+    def has_expert(self) -> bool:
+        """Whether the env offers a scripted expert (``env.unwrapped.expert``)."""
+        return callable(getattr(self._env().unwrapped, "expert", None))
+
+    def expert(self, noise: float = 0.0, seed: int = 0, **options: Any) -> Expert:
+        """The env's scripted expert (``expert(noise, seed, **options)``); `ConfigError` when it has none or does
+        not take ``options``."""
+        base = self._env().unwrapped
+        make = getattr(base, "expert", None)
+        if not callable(make):
+            raise ConfigError(f"expected an env with a scripted expert, got {type(base).__name__} without one; "
+                              "fix: use a model policy, or give the env an expert(noise, seed) method")
+        try:
+            return make(noise=noise, seed=seed, **options)
+        except TypeError as exc:
+            if not options or "unexpected keyword" not in str(exc):
+                raise
+            raise ConfigError(f"expected expert options that {type(base).__name__}.expert takes, got "
+                              f"{sorted(options)} ({exc}); fix: drop them from sft.expert") from None
+
+    def close(self) -> None:
+        """Close the env the factory holds for its answers (a later question builds it again)."""
+        env = self._cache.pop("env", None)
+        if env is not None:
+            env.close()
+
+    def _env(self) -> gym.Env:
+        if "env" not in self._cache:
+            self._cache["env"] = self()
+        return self._cache["env"]
 
 
 def env_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
@@ -53,6 +123,24 @@ def env_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactor
     spec is resolved now, so that a wrong one fails here with a message that says how to fix it."""
     resolve_env_spec(spec)
     return EnvFactory(spec, dict(kwargs or {}))
+
+
+def env_tasks(make_env: Callable[[], gym.Env]) -> list[Task]:
+    """The tasks of the env ``make_env`` builds, in order (a factory's own answer when it is one)."""
+    factory = EnvFactory.of(make_env)
+    try:
+        return factory.tasks()
+    finally:
+        if factory is not make_env:
+            factory.close()
+
+
+def spec_class(spec: str) -> type[gym.Env] | None:
+    """The env class ``spec`` names (registered id, module:id or module:Class), without building an env; None
+    when the entry point is a function."""
+    entry = resolve_env_spec(spec).entry_point
+    creator = entry if callable(entry) else _creator(resolve_env_spec(spec))
+    return creator if isinstance(creator, type) and issubclass(creator, gym.Env) else None
 
 
 def make_env(spec: str, **kwargs: Any) -> gym.Env:

@@ -2,9 +2,10 @@
 ``info["error"]``. A tool says that a call was the model's mistake by raising ``ToolError``; any other exception
 from a tool is a setup failure or a bug and propagates.
 
-``UserError`` and its subclasses are mistakes a user can fix (a setting, a file, a server): the ``trace-gym``
-command prints them as one line, ``error: ...; fix: ...``, and exits with status 2. Everything else is a bug and
-keeps its traceback.
+``UserError`` and its subclasses are mistakes a user can fix (a setting, a file, a server, a missing package or
+sandbox layer): the ``trace-gym`` command prints them as one line, ``error: ...; fix: ...``, and exits with status
+2. A caller that breaks a contract (a policy returning no text, an action that is not a string) gets a
+``TypeError``; everything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ class UserError(TraceGymError):
 
 class ConfigError(UserError, ValueError):
     """A setting or argument that cannot work."""
+
+
+class SetupError(UserError):
+    """This machine lacks something a run needs: an optional package, a layer of the sandbox's jail, a user the
+    sandbox runs as. The message names what to install or set (as gymnasium's ``DependencyNotInstalled``)."""
 
 
 class DataError(UserError):

@@ -1,7 +1,7 @@
 """Host limits a step of many episodes needs, checked before the first step (docs/scale.md).
 
 An env whose episodes hold OS resources declares what one trajectory costs the host at the step's peak
-(``TextEnv.host_footprint``: processes, descriptors in the trainer, namespaces of each kind, memory); the
+(the hook ``TextEnv.host_footprint``: processes, descriptors in the trainer, namespaces of each kind, memory); the
 sandboxed math envs give the figures `benchmarks/scale.py` measures. `check_host` compares a step's total with
 this host's limits and returns one line per shortfall, each with its fix; `ensure_host` first raises this
 process's own soft limits up to the hard ones where that is enough, then raises `ConfigError` on what is left

@@ -62,7 +62,7 @@ class Node:
     obs_ids: list[int] | None = None  # a non-terminal node: the template's ids of what followed the action
     finish_reason: str | None = None  # why the action's generation stopped ("stop", "length")
     prompt_tokens: int | None = None  # the length of the context the action was sampled after
-    meta: dict[str, Any] = field(default_factory=dict)  # the viewer's annotations (training/viz/annotations.py)
+    meta: dict[str, Any] = field(default_factory=dict)  # the viewer's annotations (training/step.py)
 
     @property
     def is_terminal(self) -> bool:

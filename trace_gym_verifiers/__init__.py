@@ -1,6 +1,6 @@
 """The verifiers taskset id ``trace_gym_verifiers`` (verifiers looks a taskset up as one top-level module):
-trace-gym envs in ``vf-eval``. The classes live in `trace_gym.integrations.vf_env`."""
+trace-gym envs in ``vf-eval``. The classes live in `trace_gym.agents.vf_env`."""
 
-from trace_gym.integrations.vf_env import TraceGymEnv, TraceGymHarness, TraceGymTask, TraceGymTaskset
+from trace_gym.agents.vf_env import TraceGymEnv, TraceGymHarness, TraceGymTask, TraceGymTaskset
 
 __all__ = ["TraceGymEnv", "TraceGymHarness", "TraceGymTask", "TraceGymTaskset"]

@@ -49,9 +49,9 @@ def env_factory(kwargs: dict[str, Any]) -> Callable[[], Any]:
 
 
 def tasks_of(make_env: Callable[[], Any], n: int | None = None) -> list[Any]:
-    from trace_gym.training.driver.builders import dataset_of
+    from trace_gym.env_specs import env_tasks
 
-    tasks = dataset_of(make_env)
+    tasks = env_tasks(make_env)
     return tasks if n is None else tasks[:n]
 
 
@@ -96,7 +96,7 @@ def sampled_success(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[
 
 def paired(before: np.ndarray, after: np.ndarray) -> dict[str, float]:
     """after - before over the same prompts (`evaluate.PairedDifference`: mean, 95% interval, prompts)."""
-    from trace_gym.training.rollout.evaluate import PairedDifference
+    from trace_gym.training.stats import PairedDifference
 
     d = np.asarray(after, np.float64) - np.asarray(before, np.float64)
     return dataclasses.asdict(PairedDifference.of(d.tolist()))

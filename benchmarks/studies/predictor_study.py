@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from _study import STUDY_RUNS
 
-from trace_gym.training.allocation.allocators import AdaptiveAllocator, StepBudget, mixed_share
+from trace_gym.training.allocation.allocators import AdaptiveAllocator, mixed_share
 from trace_gym.training.allocation.metrics import brier, rank_correlation
 from trace_gym.training.allocation.predictor import (
     FeaturePredictor,
@@ -37,6 +37,7 @@ from trace_gym.training.allocation.predictor import (
     training_examples,
 )
 from trace_gym.training.allocation.solvers import solve_roots
+from trace_gym.training.config import StepBudget
 from trace_gym.tree import RolloutTree
 
 

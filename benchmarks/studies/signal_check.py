@@ -9,7 +9,7 @@ learns when `true - before` is, and the shuffled arm shows how much a step of th
 
 Choices:
 1. The rollouts are the trainer's own step (`step.take_step` with its collector, allocator and predictor)
-   and the update is the trainer's own (`Learner.update` on `stages.build_samples` of the step's trees,
+   and the update is the trainer's own (`Learner.update` on `step.build_samples` of the step's trees,
    packed or rows as ``optim.update`` says), so every optimiser setting (lr, optimiser, betas/eps,
    mini-batch, epochs) is checked as training would run it.
 2. Weights, optimiser state, the predictor's and the allocator's state (the step fits and informs them) and
@@ -32,7 +32,8 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.rollout.evaluate import PairedDifference, expert_logprob, expert_sequences
+from trace_gym.training.rollout.evaluate import expert_logprob, expert_sequences
+from trace_gym.training.stats import PairedDifference
 
 Measure = Literal["sampled", "expert"]
 
@@ -45,8 +46,7 @@ def collect_samples(trainer: Any, seed: int) -> tuple[list[Any], dict[str, float
     """One step's trained samples at the current policy and the step's metrics: the trainer's own step
     (`take_step`) without the policy update. It fits the trainer's predictor and informs its allocator;
     `collect_batches` restores both."""
-    from trace_gym.training.allocation.stages import build_samples
-    from trace_gym.training.allocation.step import take_step
+    from trace_gym.training.step import build_samples, take_step
 
     cfg = trainer.cfg
     pool = trainer.stream.take(cfg.alloc.pool_size)
@@ -68,7 +68,7 @@ class HeldOut:
 
     def __init__(self, trainer: Any, tasks: int, samples: int, measure: Measure):
         from trace_gym.agents.policy import SamplingParams
-        from trace_gym.training.driver.builders import dataset_of
+        from trace_gym.env_specs import env_tasks
         from trace_gym.training.rollout.collector import TreeCollector
 
         if measure not in ("sampled", "expert"):
@@ -76,7 +76,7 @@ class HeldOut:
         if samples < 1:
             raise ConfigError(f"expected samples >= 1, got {samples}")
         self.trainer, self.samples, self.measure = trainer, samples, measure
-        self.tasks = dataset_of(trainer.make_eval_env)[:tasks]
+        self.tasks = env_tasks(trainer.make_eval_env)[:tasks]
         if not self.tasks:
             raise ConfigError("expected held-out prompts, got none; fix: check env.eval_kwargs")
         self._expert: list[tuple[list[int], list[bool]]] | None = None

@@ -27,9 +27,8 @@ def one(seed: int, threads: int, overrides: list[str], tasks: int, samples: int,
     from trace_gym.agents.policy import SamplingParams
     from trace_gym.agents.sft import SFTSettings, sft
     from trace_gym.agents.tiny import build_tiny_model
-    from trace_gym.env_specs import env_factory
-    from trace_gym.training.driver.builders import dataset_of
-    from trace_gym.training.driver.config import load_config
+    from trace_gym.env_specs import env_factory, env_tasks
+    from trace_gym.training.config import load_config
     from trace_gym.training.driver.warm_start import collect_expert_episodes
     from trace_gym.training.rollout.evaluate import evaluate_policy
 
@@ -37,7 +36,7 @@ def one(seed: int, threads: int, overrides: list[str], tasks: int, samples: int,
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", overrides)
     make_env = env_factory(cfg.env.id, cfg.env.kwargs)
     make_eval = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-    held_out = dataset_of(make_eval)[:tasks]
+    held_out = env_tasks(make_eval)[:tasks]
     curve: list[dict[str, float]] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,8 +9,9 @@ import torch
 from benchmarks.studies.signal_check import shuffled, signal_check
 from tests.training.driver.test_trainer import nano_dir, tiny_config  # noqa: F401 - the module-scoped model fixture
 from trace_gym.training.driver.trainer import Trainer
-from trace_gym.training.rollout.evaluate import PairedDifference, expert_sequences
-from trace_gym.training.update.learner import Sample
+from trace_gym.training.rollout.evaluate import expert_sequences
+from trace_gym.training.stats import PairedDifference
+from trace_gym.training.update.samples import Sample
 
 
 def test_shuffled_permutes_advantages_and_keeps_the_tokens():
@@ -44,11 +45,10 @@ def test_signal_check_reports_paired_arms_and_restores_the_trainer(tmp_path, nan
 def test_expert_sequences_follow_the_task_order_and_mask_only_the_experts_turns(tmp_path, nano_dir):  # noqa: F811
     from transformers import AutoTokenizer
 
-    from trace_gym.env_specs import env_factory
-    from trace_gym.training.driver.builders import dataset_of
+    from trace_gym.env_specs import env_factory, env_tasks
 
     make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 6, "task_seed": 3})
-    tasks = dataset_of(make_env)[::-1][:3]
+    tasks = env_tasks(make_env)[::-1][:3]
     tok = AutoTokenizer.from_pretrained(nano_dir)
     seqs = expert_sequences(make_env, tasks, tok)
     assert len(seqs) == 3

@@ -136,14 +136,18 @@ def test_replay_snapshots_need_no_declaration() -> None:
     assert env.step(COUNT)[0] == "8"
 
 
-def test_untracked_fields_are_not_checked() -> None:
+def test_untracked_fields_are_neither_checked_nor_restored() -> None:
     class Counted(ForgetfulInventory):
         untracked_fields = ("stock",)
 
     env = Counted()
     env.reset(seed=0)
     env.step(sell("widget", 2))
-    env.snapshot()  # the author's call: declared as not episode state
+    snap = env.snapshot()  # the author's call: declared as not episode state, so no SnapshotError
+    assert snap.kind == "native"
+    env.step(sell("widget", 1))  # 7 widget
+    env.restore(snap)
+    assert env.turn_count == 1 and env.step(COUNT)[0] == "7"  # the turn comes back, the untracked stock does not
 
 
 def test_checker_catches_a_forgotten_episode_field_without_example_actions() -> None:
@@ -181,7 +185,16 @@ def test_done_says_when_the_episode_is_over() -> None:
     env.reset(seed=0)
     assert not env.done
     env.step("<answer>0</answer>")
-    assert env.done
+    assert env.done  # terminated by an answer
+
+
+def test_done_says_when_the_episode_is_truncated() -> None:
+    env = DiceEnv(max_turns=2)
+    env.reset(seed=0)
+    *_, truncated, _ = env.step(ROLL)
+    assert not env.done and not truncated
+    *_, truncated, info = env.step(ROLL)
+    assert env.done and truncated and info["stop_reason"] == "max_turns"
 
 
 def test_gymnasium_check_env_passes_through_gym_make():

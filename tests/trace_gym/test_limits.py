@@ -6,11 +6,11 @@ import resource
 
 import pytest
 
+from trace_gym.env_specs import spec_class
 from trace_gym.errors import ConfigError
 from trace_gym.limits import Footprint, HostNeeds, check_host, ensure_host
-from trace_gym.training.driver.builders import env_class
 
-SANDBOXED = env_class("trace/Arithmetic-v0").host_footprint(True)  # type: ignore[union-attr]
+SANDBOXED = spec_class("trace/Arithmetic-v0").host_footprint(True)  # type: ignore[union-attr]
 
 
 def test_a_small_step_fits_and_an_impossible_one_names_each_fix():
@@ -36,6 +36,6 @@ def test_ensure_host_raises_the_soft_descriptor_limit_up_to_the_hard_one():
 
 
 def test_an_env_without_os_resources_declares_no_footprint():
-    assert getattr(env_class("trace/HotpotQA-v0"), "host_footprint", None) is None
-    flat = env_class("trace/Arithmetic-v0").host_footprint(False)  # type: ignore[union-attr]
+    assert spec_class("trace/HotpotQA-v0").host_footprint(True) is None  # type: ignore[union-attr]
+    flat = spec_class("trace/Arithmetic-v0").host_footprint(False)  # type: ignore[union-attr]
     assert isinstance(flat, Footprint) and flat.processes < SANDBOXED.processes

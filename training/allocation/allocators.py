@@ -23,34 +23,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from trace_gym.errors import ConfigError
 from trace_gym.training.allocation.solvers import solve_prefixes, solve_roots
+from trace_gym.training.config import ALLOCATORS, StepBudget
 
 RootMode = Literal["uniform", "active", "pcl"]
 PrefixMode = Literal["none", "uniform", "active"]
-AllocatorName = Literal["trace", "grpo", "pcl", "treepo", "uniform_uniform", "uniform_active", "active_uniform",
-                        "active_active", "oracle", "trace_adaptive"]
-ALLOCATORS: tuple[str, ...] = get_args(AllocatorName)
-
-
-@dataclass(frozen=True)
-class StepBudget:
-    """Trajectories per step: ``roots`` M bare rollouts plus ``multiplier`` N continuations per rollout."""
-
-    roots: int  # M
-    multiplier: int  # N
-
-    def __post_init__(self) -> None:
-        if self.roots < 2 or self.multiplier < 0:
-            raise ConfigError(f"expected roots >= 2 and multiplier >= 0, got M={self.roots}, N={self.multiplier}")
-
-    @property
-    def total(self) -> int:
-        return self.roots * (1 + self.multiplier)
 
 
 class Allocator(Protocol):

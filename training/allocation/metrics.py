@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_gym.training.update.advantages import AdvantageMethod, node_advantages
+from trace_gym.training.config import AdvantageMethod
+from trace_gym.training.update.advantages import node_advantages
 from trace_gym.tree_stats import bottom_up_values, contrastive_pairs, is_mixed, tree_arrays
 
 
@@ -54,20 +55,6 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 # Two-sided 95% Student-t quantiles by degrees of freedom (1..30); beyond 30 the normal 1.96 is close enough.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def mean_ci95(values: Sequence[float | None]) -> tuple[float, float, int]:
-    """(mean, half-width of the 95% t-interval, n) over the finite values, taken as independent draws; the
-    half-width is NaN below two values and the mean NaN without any."""
-    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
-    if len(x) < 2:
-        return (float(x[0]) if len(x) else float("nan")), float("nan"), len(x)
-    t = _T95[len(x) - 2] if len(x) - 1 <= len(_T95) else 1.96
-    return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(len(x))), len(x)
-
-
 def reliability_bins(pred: np.ndarray, target: np.ndarray, weights: np.ndarray | None = None,
                      n_bins: int = 10) -> list[dict[str, float]]:
     """Per equal-width bin of the prediction: bounds, total weight, mean prediction and mean target."""

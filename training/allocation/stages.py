@@ -2,8 +2,8 @@
 
 `allocate_roots` -> `RootAllocation` (stage 1: m_i bare rollouts per candidate prompt), `plan_continuations`
 -> `ContinuationPlan` (stage 2: k continuations per open prefix), `fit_predictor` (calibration, then one fit;
-returns metrics), `build_samples` -> `StepSamples` (advantages and the policy update's samples). None of them
-writes into the trees; `annotations.annotate` turns the records into the viewer's node annotations.
+returns metrics). None of them writes into the trees; `training.step` runs them in order and turns their
+records into the viewer's node annotations.
 
 A stage reads success estimates through a `ValueFn` (prefixes -> probabilities): the predictor's `predict`,
 or the environment's exact values for the oracle allocator (`simulation.SimCollector.true_values`).
@@ -11,32 +11,25 @@ or the environment's exact values for the oracle allocator (`simulation.SimColle
 Choices where the paper is silent:
 1. Open prefixes are the non-terminal nodes of depth >= 1 after the bare rollouts; each lies on exactly one
    bare rollout, whose reward is its r. A prompt with none sends its continuation budget to the root.
-2. Nodes with zero advantage are left out of the update when asked (`skip_zero`): they add no policy
-   gradient, and the token-level normaliser then counts only the trained nodes' tokens. Each node is trained
-   once, with its own prefix as context.
-3. The predictor is scored on the fresh trees before it is fit on them, so its metrics are out-of-sample.
+2. The predictor is scored on the fresh trees before it is fit on them, so its metrics are out-of-sample.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.allocators import Allocator, StepBudget, expand_counts
+from trace_gym.training.allocation.allocators import Allocator, expand_counts
 from trace_gym.training.allocation.metrics import brier, calibration_metrics, rank_correlation
 from trace_gym.training.allocation.predictor import Predictor, Prefix, training_examples
 from trace_gym.training.allocation.solvers import prefix_utility, root_utility
-from trace_gym.training.rollout.collector import context_ids
-from trace_gym.training.update.advantages import AdvantageMethod, tree_advantages
+from trace_gym.training.config import StepBudget
 from trace_gym.tree import RolloutTree
 from trace_gym.tree_stats import tree_values
-
-if TYPE_CHECKING:
-    from trace_gym.training.update.learner import Sample
 
 ValueFn = Callable[[Sequence[Prefix]], np.ndarray]
 """Success probabilities in [0, 1], one per prefix (a predictor's `predict`, or exact values)."""
@@ -166,31 +159,3 @@ def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree], exact: Val
     out["predictor/root_rank_corr"] = rank_correlation(pred[roots], targets[roots])
     out.update(predictor.fit(prefixes, targets, weights))
     return out
-
-
-# --------------------------------------------------------------------------------------------- samples
-@dataclass(frozen=True)
-class StepSamples:
-    """The policy update's input: one `Sample` per trained node with recorded tokens, and every trained node's
-    advantage by task id and node id (zeros included, for metrics and the viewer)."""
-
-    samples: list[Sample]
-    advantages: dict[str, dict[int, float]]
-
-
-def build_samples(trees: Mapping[str, RolloutTree], method: AdvantageMethod, skip_zero: bool = True) -> StepSamples:
-    """Tree-aware advantages of every node, and a sample per node that has tokens and logprobs (choice 2)."""
-    from trace_gym.training.update.learner import (
-        Sample,  # here, not above: the LLM-free simulation imports this module without torch
-    )
-
-    samples: list[Sample] = []
-    advantages: dict[str, dict[int, float]] = {}
-    for tid, tree in trees.items():
-        advantages[tid] = tree_advantages(tree, method)
-        for node_id, adv in advantages[tid].items():
-            node = tree[node_id]
-            if not node.token_ids or not node.logprobs or (skip_zero and abs(adv) < 1e-8):
-                continue
-            samples.append(Sample(context_ids(tree, node_id), list(node.token_ids), list(node.logprobs), adv))
-    return StepSamples(samples, advantages)

@@ -273,11 +273,7 @@ def play(run: PolicyRun, progress: Callable[[int, int], None] | None = None) -> 
     from trace_gym.training.rollout.evaluate import evaluate_policy
 
     make_env = env_factory(run.env, run.env_args)
-    probe = make_env()
-    try:
-        tasks = list(getattr(probe.unwrapped, "tasks", []))  # loads (and checks) the data before a model loads
-    finally:
-        probe.close()
+    tasks = make_env.tasks()  # loads (and checks) the data before a model loads
     if not tasks:
         raise ConfigError(f"expected tasks in {run.env} {run.env_args or ''}, got none; fix: check its data or "
                           "--env-arg settings")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.driver.config import TrainConfig, load_config
+from trace_gym.training.config import TrainConfig, load_config
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -161,7 +161,7 @@ def _eval(cfg: TrainConfig, args: argparse.Namespace, console: Any) -> int:
     import time
 
     from trace_gym.training.cli.play import check_out, progress_bar, report
-    from trace_gym.training.rollout.evaluate import evaluate_config, evaluated_model
+    from trace_gym.training.driver.evaluation import evaluate_config, evaluated_model
 
     out = check_out(args.out, "eval", args.trees)
     model = evaluated_model(cfg, args.checkpoint)

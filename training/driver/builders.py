@@ -13,10 +13,12 @@ import gymnasium as gym
 import torch
 
 from trace_gym.agents.policy import SamplingParams
+from trace_gym.env import TextEnv
+from trace_gym.env_specs import spec_class
 from trace_gym.errors import ConfigError
 from trace_gym.limits import HostNeeds, ensure_host
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.allocators import StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import (
     FeaturePredictor,
     HiddenStatePredictor,
@@ -24,7 +26,7 @@ from trace_gym.training.allocation.predictor import (
     Prefix,
     with_memory,
 )
-from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.config import TrainConfig
 from trace_gym.training.rollout.collector import Collector, SnapshotPolicy, TreeCollector
 
 
@@ -33,15 +35,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def dataset_of(make_env: Callable[[], gym.Env]) -> list[Task]:
-    """The tasks of the env ``make_env`` builds (its `tasks`, in order)."""
-    env = make_env()
-    try:
-        return list(env.unwrapped.tasks)  # type: ignore[attr-defined]
-    finally:
-        env.close()
 
 
 def make_policy(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, model_path: str) -> Any:
@@ -110,26 +103,18 @@ def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., to
     return with_memory(inner, p.replay, p.prior_strength)
 
 
-def env_class(env_id: str) -> type | None:
-    """The class a registered id builds (None for a factory that is not a class), without building one."""
-    try:
-        creator = gym.envs.registration.load_env_creator(gym.spec(env_id).entry_point)
-    except Exception:  # an id gym.make resolves otherwise (a module prefix): no check then
-        return None
-    return creator if isinstance(creator, type) else None
-
-
 def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Task],
                    sampling: SamplingParams, tokenizer: Any, model_path: str) -> Collector:
     """The training collector: in this process on ``policy``, or Ray workers that each build their own policy
     from ``model_path`` (`worker_policy`) and receive the trained weights through `update_weights`. Its trees
     keep native snapshots only where the allocator can branch (`SnapshotPolicy.for_allocator`)."""
     allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
-    budget = StepBudget(cfg.alloc.roots, cfg.alloc.multiplier)
+    budget = cfg.alloc.budget
     snapshots = SnapshotPolicy.for_allocator(allocator, budget)
-    footprint = getattr(env_class(cfg.env.id), "host_footprint", None)
+    cls = spec_class(cfg.env.id)
+    footprint = cls.host_footprint(snapshots.branching) if cls is not None and issubclass(cls, TextEnv) else None
     if footprint is not None:  # the step's peak must fit this host: fail now with the fix, not at step 40
-        ensure_host(HostNeeds.of(budget.total, footprint(snapshots.branching)))
+        ensure_host(HostNeeds.of(budget.total, footprint))
     if cfg.distributed == "ray":
         from trace_gym.training.rollout.ray_workers import RayTreeCollector
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.driver.config import TrainConfig
-from trace_gym.training.update.distributed import ray_run
+from trace_gym.training.config import TrainConfig
+from trace_gym.training.update.parallel import ray_run
 
 
 def ray_train(cfg: TrainConfig, ranks: int, resume: str | None = None, gpus_per_rank: float = 0.0,

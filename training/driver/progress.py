@@ -1,38 +1,14 @@
-"""What a run reports while it goes: stage timers, the step progress, and the plots at its end."""
+"""What a run reports while it goes: the step progress, and the plots at its end."""
 
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from trace_gym.progress import Progress
-
-
-class StageTimer:
-    """``with timer("stage"):`` accumulates ``time/<stage>_s``; `metrics()` adds ``time/step_s`` since creation."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-        self.t0 = time.perf_counter()
-
-    def __call__(self, name: str) -> StageTimer:
-        self._name, self._start = name, time.perf_counter()
-        return self
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        self.times[self._name] = self.times.get(self._name, 0.0) + time.perf_counter() - self._start
-
-    def metrics(self) -> dict[str, float]:
-        out = {f"time/{k}_s": v for k, v in self.times.items()}
-        out["time/step_s"] = time.perf_counter() - self.t0
-        return out
 
 
 class StepProgress:

@@ -1,9 +1,9 @@
 """The trainer: what lives across steps (model, optimiser, predictor, data position) and the training loop.
 
-A step is `step.take_step` (allocate roots -> bare rollouts -> plan and run continuations -> fit the
-predictor) over the run's collector, then advantages and the policy update (`stages.build_samples`,
-`Learner.update`), the weight sync, and the logs. The parts are built from the config in `builders.py`; the
-warm start is `warm_start.py`; evaluation is `evaluate.py`.
+A step is `training.step.take_step` (allocate roots -> bare rollouts -> plan and run continuations -> fit the
+predictor -> samples -> annotations -> `Learner.update`) over the run's collector, then the weight sync and
+the logs. The parts are built from the config in `builders.py`; the warm start is `warm_start.py`;
+evaluation is `rollout/evaluate.py`.
 
 Choices where the paper is silent:
 1. Each step draws `pool_size` candidate prompts in a seeded per-epoch shuffled order; prompts the allocator
@@ -28,15 +28,13 @@ import numpy as np
 import torch
 
 from trace_gym.agents.policy import SamplingParams
-from trace_gym.env_specs import env_factory
+from trace_gym.env_specs import env_factory, env_tasks
 from trace_gym.errors import ConfigError
 from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.allocators import StepBudget, make_allocator
-from trace_gym.training.allocation.stages import build_samples
-from trace_gym.training.allocation.step import StepResult, take_step
+from trace_gym.training.allocation.allocators import make_allocator
+from trace_gym.training.config import TrainConfig, dump_config
 from trace_gym.training.driver.builders import (
-    dataset_of,
     hidden_state_fn,
     make_collector,
     make_policy,
@@ -45,21 +43,15 @@ from trace_gym.training.driver.builders import (
     worker_policy,
 )
 from trace_gym.training.driver.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trace_gym.training.driver.config import TrainConfig, dump_config
 from trace_gym.training.driver.history import RunHistory
 from trace_gym.training.driver.metrics_log import MetricsLogger
-from trace_gym.training.driver.progress import StageTimer, StepProgress, plot_at_end
+from trace_gym.training.driver.progress import StepProgress, plot_at_end
 from trace_gym.training.driver.warm_start import warm_start
-from trace_gym.training.rollout.evaluate import (
-    PairedDifference,
-    eval_collector,
-    evaluate,
-    expert_logprob,
-    expert_sequences,
-)
-from trace_gym.training.update.distributed import broadcast_object
-from trace_gym.training.update.learner import Learner, join_process_group
-from trace_gym.training.viz.annotations import annotate
+from trace_gym.training.rollout.evaluate import eval_collector, evaluate, expert_logprob, expert_sequences
+from trace_gym.training.stats import PairedDifference
+from trace_gym.training.step import StageTimer, StepResult, Update, take_step
+from trace_gym.training.update.learner import Learner
+from trace_gym.training.update.parallel import broadcast_object, join_process_group
 
 
 class TaskStream:
@@ -114,7 +106,8 @@ class Trainer:
         self.model_path = model_path
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
-        self.learner = Learner(cfg, model_path, self.device, self.sampling.logprob_temperature, optimizer_state)
+        self.learner = Learner(cfg.model, cfg.optim, model_path, self.device, seed=cfg.seed,
+                               temperature=self.sampling.logprob_temperature, optimizer_state=optimizer_state)
         self.step_count = 0
         if not self.lead:
             return
@@ -125,16 +118,16 @@ class Trainer:
         self.predictor = make_predictor(cfg, lambda: (hidden_state_fn(self._features_model(), self.tokenizer),
                                                       self.learner.config.hidden_size))
         self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
-        self.budget = StepBudget(cfg.alloc.roots, cfg.alloc.multiplier)
-        self.stream = TaskStream(dataset_of(self.make_env), cfg.seed)
+        self.budget = cfg.alloc.budget
+        self.stream = TaskStream(env_tasks(self.make_env), cfg.seed)
         if cfg.alloc.pool_size > len(self.stream.tasks):
             raise ConfigError(f"expected alloc.pool_size <= the {len(self.stream.tasks)} training prompts, got "
                               f"{cfg.alloc.pool_size}; fix: alloc.pool_size={len(self.stream.tasks)} or more data")
         self.collector = make_collector(cfg, self.policy, self.make_env, self.stream.tasks, self.sampling,
                                         self.tokenizer, model_path)
-        self.eval_tasks: list[Task] = dataset_of(self.make_eval_env)[:cfg.eval.tasks] if cfg.eval.tasks else []
-        self.eval_collector = (eval_collector(self.policy, self.make_eval_env, self.eval_tasks, cfg, self.tokenizer)
-                               if self.eval_tasks else None)
+        self.eval_tasks: list[Task] = env_tasks(self.make_eval_env)[:cfg.eval.tasks] if cfg.eval.tasks else []
+        self.eval_collector = (eval_collector(self.policy, self.make_eval_env, self.eval_tasks, cfg.eval, cfg.rollout,
+                                              cfg.env.workers, self.tokenizer) if self.eval_tasks else None)
         self.history = RunHistory()
         self._expert_seqs: list[tuple[list[int], list[bool]]] | None = None
         if state is not None:
@@ -146,24 +139,18 @@ class Trainer:
 
     # ----------------------------------------------------------------- one step
     def rollout(self, step: int, timer: StageTimer | None = None) -> StepResult:
-        """Step ``step``'s rollout half on the next candidate pool: allocate, roll out, expand, fit the predictor.
-        The policy is not updated (the allocation benchmark calls this alone, at a fixed policy)."""
-        cfg = self.cfg
-        pool = self.stream.take(cfg.alloc.pool_size)
-        return take_step(self.collector, self.allocator, self.predictor, pool, self.budget, seed=cfg.seed, step=step,
-                         advantage=cfg.optim.advantage, timer=timer)
+        """Step ``step`` on the next candidate pool without the policy update: allocate, roll out, expand, fit the
+        predictor, build the samples (the allocation benchmark calls this alone, at a fixed policy)."""
+        return self._take_step(step, None, timer)
 
     def step(self) -> dict[str, Any]:
-        """Roll out (`rollout`), compute advantages, update the policy, sync weights, save trees; returns metrics."""
+        """One whole step (`training.step.take_step`, the update included), then the weight sync, the trees and
+        the evaluation when due; returns the step's metrics."""
         cfg, step = self.cfg, self.step_count + 1
         timer = StageTimer()
-        result = self.rollout(step, timer)
+        pad_id = self.tokenizer.pad_token_id
+        result = self._take_step(step, lambda samples, seed: self.learner.update(samples, seed, pad_id), timer)
         metrics = dict(result.metrics)
-        with timer("update"):
-            samples = build_samples(result.trees, cfg.optim.advantage, cfg.optim.skip_zero_advantage)
-            annotate(result.trees, samples=samples)
-            metrics.update(self.learner.update(samples.samples, derive(cfg.seed, step, 2),
-                                               self.tokenizer.pad_token_id))
         with timer("sync"):
             self.sync_weights()
         self.step_count = step
@@ -178,6 +165,13 @@ class Trainer:
         self.history.add_step(metrics.get("alloc/effective_ratio", float("nan")), result.stats.trajectories,
                               result.stats.generated_tokens)
         return metrics
+
+    def _take_step(self, step: int, update: Update | None, timer: StageTimer | None) -> StepResult:
+        cfg = self.cfg
+        pool = self.stream.take(cfg.alloc.pool_size)
+        return take_step(self.collector, self.allocator, self.predictor, pool, self.budget, seed=cfg.seed, step=step,
+                         advantage=cfg.optim.advantage, update=update, skip_zero=cfg.optim.skip_zero_advantage,
+                         timer=timer)
 
     def sync_weights(self) -> None:
         """Push the trained weights to every generation backend that does not share the trained model."""

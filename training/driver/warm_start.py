@@ -23,10 +23,9 @@ import gymnasium as gym
 from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.agents.sft import SFTSettings, sft
-from trace_gym.env_specs import env_factory
+from trace_gym.env_specs import EnvFactory, env_factory, env_tasks
 from trace_gym.errors import ConfigError
-from trace_gym.training.driver.builders import dataset_of
-from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.config import TrainConfig
 from trace_gym.training.rollout.collector import TreeCollector
 from trace_gym.training.rollout.evaluate import EvalResult, evaluate, rollout_chunks
 
@@ -36,20 +35,14 @@ def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: floa
                             expert: Mapping[str, Any] | None = None) -> list[list[dict[str, Any]]]:
     """Message lists of ``n`` episodes played by the env's scripted expert (``env.expert(noise, seed,
     **expert)``), choice 1; failed episodes are dropped when ``only_successful``."""
-    tasks = dataset_of(make_env)
+    tasks = env_tasks(make_env)
     count = len(tasks) - holdout
     if count < 1:
         raise ConfigError(f"expected holdout below the env's {len(tasks)} tasks, got holdout={holdout}")
     counts = Counter(tasks[(seed + i) % count].id for i in range(n))
-    probe = make_env()  # holds the env's expert (`expert(noise, seed)`, which every trace env defines)
-    options = dict(expert or {})
-    try:
-        probe.unwrapped.expert(noise=noise, seed=seed, **options)  # type: ignore[attr-defined]
-    except TypeError as e:  # an expert keyword the env's expert does not take
-        probe.close()
-        raise ConfigError(f"expected expert options that {type(probe.unwrapped).__name__}.expert takes, got "
-                          f"{sorted(options)} ({e}); fix: drop them from sft.expert") from None
-    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=noise, seed=s, **options))  # type: ignore[attr-defined]
+    factory, options = EnvFactory.of(make_env), dict(expert or {})
+    factory.expert(noise=noise, seed=seed, **options)  # fails now, with the fix, on options it does not take
+    policy = ExpertPolicy(lambda s: factory.expert(noise=noise, seed=s, **options))
     collector = TreeCollector(policy, make_env, tasks[:count], SamplingParams(), snapshot_kind="replay")
     episodes = []
     try:
@@ -58,7 +51,7 @@ def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: floa
                          if leaf.reward > 0 or not only_successful]
     finally:
         collector.close()
-        probe.close()
+        factory.close()
     return episodes
 
 
@@ -67,7 +60,7 @@ def held_out_eval(policy: Policy, make_env: Callable[[], gym.Env], n: int = 100,
     """``policy`` on the env's last ``n`` tasks (the ``holdout`` of `collect_expert_episodes`), one sample each;
     greedy with 64 new tokens per turn by default."""
     sampling = sampling or SamplingParams(temperature=0.0, max_new_tokens=64)
-    tasks = dataset_of(make_env)[::-1][:n]
+    tasks = env_tasks(make_env)[::-1][:n]
     # A scripted expert reads messages; a model reads the exact token record.
     tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
     collector = TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay")

@@ -220,7 +220,7 @@ class TreeCollector:
                  sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
                  workers: int = 4, max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
-            raise ConfigError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
+            raise ValueError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
         self.policy, self.make_env, self.sampling, self.tokenizer = policy, make_env, sampling, tokenizer
         self.snapshot_kind, self.max_context = snapshot_kind, max_context
         self.snapshots = snapshots or SnapshotPolicy()
@@ -320,9 +320,11 @@ class TreeCollector:
             gens = self.policy.generate([self._request(b, seed) for b in active], self.sampling)
             stats.generate_s += time.perf_counter() - t0
             stats.generate_calls += 1
-            if len(gens) != len(active):
-                raise RuntimeError(f"expected one generation per request from the policy, got {len(gens)} for "
-                                  f"{len(active)}; fix: the policy must follow the Policy contract")
+            if len(gens) != len(active) or not all(isinstance(g.text, str) for g in gens):
+                raise TypeError(f"expected one Generation with text per request from {type(self.policy).__name__}, "
+                                f"got {len(gens)} for {len(active)} requests, texts of types "
+                                f"{sorted({type(g.text).__name__ for g in gens})}; fix: the policy must follow the "
+                                "Policy contract (agents/policy.py)")
             by_tree: dict[str, list[tuple[_Branch, Generation]]] = {}
             for b, g in zip(active, gens):
                 by_tree.setdefault(b.task_id, []).append((b, g))

@@ -40,12 +40,13 @@ import gymnasium as gym
 import numpy as np
 
 from trace_gym.agents.policy import Policy, SamplingParams
+from trace_gym.env_specs import EnvFactory, env_tasks
 from trace_gym.errors import ConfigError
 from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.metrics import mean_ci95
-from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.config import EvalConfig, RolloutConfig
 from trace_gym.training.rollout.collector import TreeCollector
+from trace_gym.training.stats import PairedDifference, mean_ci95
 from trace_gym.tree import Node, RolloutTree
 from trace_gym.tree_stats import is_mixed
 
@@ -128,25 +129,6 @@ class EvalResult:
             Path(trees).write_text("".join(t.to_json() + "\n" for t in self.trees))
 
 
-@dataclass(frozen=True)
-class PairedDifference:
-    """after - before over the same prompts: mean gain, its 95% interval from per-prompt differences, n prompts."""
-
-    mean: float
-    lo: float
-    hi: float
-    tasks: int
-
-    @classmethod
-    def of(cls, diffs: Sequence[float]) -> PairedDifference:
-        """Summarise per-prompt differences (any per-prompt measure, one value per prompt)."""
-        mean, half, n = mean_ci95(list(diffs))
-        return cls(mean, mean - half, mean + half, n)
-
-    def __str__(self) -> str:
-        return f"{self.mean:+.4f} [{self.lo:+.4f}, {self.hi:+.4f}]"
-
-
 def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference:
     """The per-prompt success differences of two evaluations of the same prompts, summarised."""
     b = {t.task_id: t.success for t in before.tasks}
@@ -226,13 +208,12 @@ def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed
     return EvalResult(outcomes, seed, trees)
 
 
-def eval_collector(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task], cfg: TrainConfig,
-                   tokenizer: Any = None) -> TreeCollector:
-    """A collector for held-out evaluation as ``cfg.eval`` asks (its temperature; replay snapshots, which cost
-    nothing when no rollout branches)."""
-    sampling = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
-    return TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay", cfg.env.workers,
-                         cfg.rollout.max_context)
+def eval_collector(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task], evaluation: EvalConfig,
+                   rollout: RolloutConfig, workers: int = 4, tokenizer: Any = None) -> TreeCollector:
+    """A collector for held-out evaluation as ``evaluation`` asks (its temperature; the rollout's tokens per turn
+    and context; replay snapshots, which cost nothing when no rollout branches)."""
+    sampling = SamplingParams(temperature=evaluation.temperature, max_new_tokens=rollout.max_new_tokens)
+    return TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay", workers, rollout.max_context)
 
 
 def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task] | int | None = None,
@@ -245,12 +226,7 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequ
     expert plays on messages). ``progress(done, total)`` hears every finished episode (a progress bar)."""
     from trace_gym.agents.scripted import ExpertPolicy
 
-    if isinstance(tasks, Sequence):
-        chosen = list(tasks)
-    else:
-        from trace_gym.training.driver.builders import dataset_of  # torch: only when the env's tasks are read here
-
-        chosen = dataset_of(make_env)[:tasks]
+    chosen = list(tasks) if isinstance(tasks, Sequence) else env_tasks(make_env)[:tasks]
     tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
     counter = None if progress is None else _EpisodeCounter(progress, len(chosen) * (samples + branches))
     envs = make_env if counter is None else (lambda: _CountingEnv(make_env(), counter))
@@ -270,12 +246,12 @@ def expert_sequences(make_env: Any, tasks: Sequence[Any], tokenizer: Any) -> lis
     from trace_gym.agents.chat import tokenize_episode
     from trace_gym.agents.scripted import ExpertPolicy
 
-    probe = make_env()  # holds the env's expert
-    if not callable(getattr(probe.unwrapped, "expert", None)):
-        probe.close()
+    factory = EnvFactory.of(make_env)
+    if not factory.has_expert:
+        factory.close()
         raise ConfigError(f"expected an env with a scripted expert for the expert-probability measure, got "
-                          f"{type(probe.unwrapped).__name__}; fix: eval.expert=false")
-    policy = ExpertPolicy(lambda s: probe.unwrapped.expert(noise=0.0, seed=s))
+                          f"{factory.spec or 'the env'} without one; fix: eval.expert=false")
+    policy = ExpertPolicy(lambda s: factory.expert(noise=0.0, seed=s))
     collector = TreeCollector(policy, make_env, tasks, SamplingParams(), snapshot_kind="replay")
     messages: dict[str, list[dict[str, Any]]] = {}
     try:
@@ -283,7 +259,7 @@ def expert_sequences(make_env: Any, tasks: Sequence[Any], tokenizer: Any) -> lis
             messages.update({tid: collector.messages(tid, tree.leaves()[0].id) for tid, tree in trees.items()})
     finally:
         collector.close()
-        probe.close()
+        factory.close()
     out = []
     for task in tasks:
         conv = tokenize_episode(tokenizer, messages[task.id])
@@ -352,43 +328,3 @@ class _CountingEnv(gym.Wrapper):
 
     def restore_branch(self, path: Sequence[Node]) -> None:
         """No state of its own to restore (``BranchAware``)."""
-
-
-def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed: int | None = None,
-                    keep_trees: bool = False, progress: Callable[[int, int], None] | None = None) -> EvalResult:
-    """Evaluate the config's model (the SFT output when SFT is enabled) or a checkpoint's on the held-out split
-    (`cfg.eval`: tasks, samples, temperature); ``seed`` defaults to the config's; ``progress`` as in
-    `evaluate_policy`."""
-    import torch
-
-    from trace_gym.agents.hf import HFPolicy
-    from trace_gym.env_specs import env_factory
-    from trace_gym.training.driver.builders import dataset_of, resolve_device
-
-    model_path = evaluated_model(cfg, checkpoint)
-    make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-    tasks = dataset_of(make_env)[:cfg.eval.tasks]
-    policy = HFPolicy.from_pretrained(model_path, device=resolve_device(cfg.model.device), dtype=torch.float32)
-    sampling = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
-    return evaluate_policy(policy, make_env, tasks, cfg.eval.samples, sampling, cfg.seed if seed is None else seed,
-                           keep_trees, cfg.env.workers, cfg.rollout.max_context, progress=progress)
-
-
-def evaluated_model(cfg: TrainConfig, checkpoint: str | Path | None = None) -> Path:
-    """The model folder `evaluate_config` loads: a checkpoint's (a run folder's latest), else the SFT output
-    when SFT is enabled, else ``model.path``."""
-    from trace_gym.training.driver.checkpoint import latest_checkpoint
-
-    if checkpoint is not None:
-        ckpt = Path(checkpoint)
-        found = ckpt if (ckpt / "model").is_dir() else latest_checkpoint(ckpt)
-        if found is None:
-            raise ConfigError(f"expected a run folder or checkpoint folder, got {str(checkpoint)!r}; "
-                              "fix: pass RUN_DIR or RUN_DIR/checkpoints/step_N")
-        model_path = found / "model"
-    else:
-        model_path = Path(cfg.sft.output if cfg.sft.enabled else cfg.model.path)
-    if not (model_path / "config.json").is_file():
-        raise ConfigError(f"expected a model folder at {str(model_path)!r}, got none; fix: train first or pass "
-                          "--checkpoint")
-    return model_path

@@ -28,12 +28,12 @@ from typing import Any
 import gymnasium as gym
 
 from trace_gym.agents.policy import Policy, SamplingParams
-from trace_gym.env_specs import make_env
+from trace_gym.env_specs import EnvFactory
 from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.experts import Expert
 from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
-from trace_gym.training.driver.config import RayConfig
+from trace_gym.training.config import RayConfig
 from trace_gym.training.rollout.collector import (
     CollectStats,
     SnapshotPolicy,
@@ -43,7 +43,7 @@ from trace_gym.training.rollout.collector import (
 )
 from trace_gym.tree import RolloutTree
 
-__all__ = ["EnvExpert", "RayConfig", "RayTreeCollector", "RolloutWorker", "init_ray"]
+__all__ = ["EnvExpert", "RayTreeCollector", "RolloutWorker", "init_ray"]
 
 Start = tuple[str, int, int]  # (task id, node id, global rollout index in the stage call)
 
@@ -64,19 +64,14 @@ def init_ray(cfg: RayConfig) -> None:
 
 # --------------------------------------------------------------------------------------------- seeded experts
 class EnvExpert:
-    """A picklable ``seed -> Expert`` factory: ``make_env(env_id).unwrapped.expert(noise, seed)`` (any env spec)."""
+    """A picklable ``seed -> Expert`` factory over any env spec (the spec's `EnvFactory.expert`; each process that
+    unpickles it builds its own env for the answer)."""
 
     def __init__(self, env_id: str, noise: float = 0.0, env_kwargs: Mapping[str, Any] | None = None):
-        self.env_id, self.noise, self.env_kwargs = env_id, noise, dict(env_kwargs or {})
-        self._env: Any = None
+        self.noise, self.factory = noise, EnvFactory(env_id, dict(env_kwargs or {}))
 
     def __call__(self, seed: int) -> Expert:
-        if self._env is None:
-            self._env = make_env(self.env_id, **self.env_kwargs).unwrapped
-        return self._env.expert(noise=self.noise, seed=seed)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_env": None}
+        return self.factory.expert(noise=self.noise, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------- the worker

@@ -21,15 +21,13 @@ Deviations and choices where the paper is silent:
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
 from trace_gym.errors import ConfigError
+from trace_gym.training.config import ADVANTAGE_METHODS, AdvantageMethod
 from trace_gym.tree_stats import bottom_up_values, sibling_groups, tree_arrays
-
-AdvantageMethod = Literal["grpo", "tree_grpo", "tree_value"]
-ADVANTAGE_METHODS: tuple[str, ...] = get_args(AdvantageMethod)
 
 
 def _leaf_stats(rewards: np.ndarray, is_leaf: np.ndarray) -> tuple[float, float]:

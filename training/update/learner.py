@@ -1,9 +1,9 @@
 """The learner: the trained model, its optimiser and the policy update, in one process or data-parallel.
 
 `model.strategy` picks how the update runs: ``single`` (one process), ``ddp`` or ``fsdp`` (FSDP2) over the
-ranks of a ``torch.distributed`` process group, started by ``torchrun`` or `training.launch.ray_train`;
-``model.lora_r > 0`` trains a LoRA adapter instead of all weights. The update itself is
-`distributed.policy_update`; this module turns a step's trained nodes into its batches: packed token tries
+ranks of a ``torch.distributed`` process group, started by ``torchrun`` or `training.driver.launch.ray_train`;
+``model.lora_r > 0`` trains a LoRA adapter instead of all weights (`models.py`). The optimizer step itself is
+`optimizer_step.policy_update`; this module turns a step's trained nodes into its batches: packed token tries
 (``optim.update=packed``, packing.py: every shared prefix computed once) or one padded row per node.
 
 Rank 0 (the lead) runs everything else of the step: environments, rollouts, predictor, evaluation, logs.
@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,84 +38,47 @@ import numpy as np
 import torch
 from torch import nn
 
-from trace_gym.agents.padding import attention_mask, pad_rows
 from trace_gym.errors import ConfigError
-from trace_gym.training.driver.config import TrainConfig
-from trace_gym.training.update.distributed import (
-    LoraSettings,
-    MicroBatch,
-    UpdateBatch,
-    broadcast_object,
-    full_state_dict,
-    init_from_env,
-    is_fsdp,
-    policy_update,
-    prepare_model,
-    unwrap,
-    world,
-)
+from trace_gym.training.config import ModelConfig, OptimConfig
+from trace_gym.training.update.batches import MicroBatch, UpdateBatch, update_batch
+from trace_gym.training.update.models import LoraSettings, full_state_dict, is_fsdp, prepare_model, unwrap
+from trace_gym.training.update.optimizer_step import policy_update
 from trace_gym.training.update.optimizers import make_optimizer
 from trace_gym.training.update.packing import Pack, pack_batches, packing_unsupported, shard_packs, trie_order
+from trace_gym.training.update.parallel import broadcast_object, world
+from trace_gym.training.update.samples import Sample
 
 _Part = TypeVar("_Part", bound=MicroBatch)
-
-
-@dataclass
-class Sample:
-    """One trained node: its context ids, its action ids, their behaviour logprobs, one advantage."""
-
-    context: list[int]
-    action: list[int]
-    logprobs: list[float]
-    advantage: float
-
-
-def update_batch(samples: Sequence[Sample], pad_id: int) -> UpdateBatch:
-    """Right-padded rows (context + action); the loss mask and behaviour logprobs sit on the action tokens."""
-    rows = [s.context + s.action for s in samples]
-    mask = pad_rows([[0.0] * len(s.context) + [1.0] * len(s.action) for s in samples], 0.0, torch.float32)
-    old = pad_rows([[0.0] * len(s.context) + list(s.logprobs) for s in samples], 0.0, torch.float32)
-    return UpdateBatch(pad_rows(rows, pad_id), attention_mask(rows), mask, old,
-                       torch.tensor([s.advantage for s in samples]))
-
-
-def join_process_group(strategy: str) -> tuple[int, int]:
-    """(rank, world size): joins torchrun's process group for ``ddp``/``fsdp`` unless already in one."""
-    if strategy == "single":
-        return 0, 1
-    if not torch.distributed.is_initialized():
-        init_from_env()
-    return world()
 
 
 class Learner:
     """The trained model and optimiser of one rank; every public method is called on all ranks at once
     (the lead calls it, `follow` makes the other ranks call it too)."""
 
-    def __init__(self, cfg: TrainConfig, model_path: str, device: torch.device, temperature: float = 1.0,
-                 optimizer_state: Mapping[str, Any] | None = None):
+    def __init__(self, model_cfg: ModelConfig, optim: OptimConfig, model_path: str, device: torch.device, *,
+                 seed: int = 0, temperature: float = 1.0, optimizer_state: Mapping[str, Any] | None = None):
         from transformers import AutoModelForCausalLM
 
-        self.cfg, self.temperature = cfg, temperature  # the logprob convention's T (SamplingParams)
+        self.model_cfg, self.optim, self.temperature = model_cfg, optim, temperature  # T: SamplingParams' logprob T
         self.rank, self.world_size = world()
-        m = cfg.model  # ddp/fsdp without a process group: prepare_model says how to start one
+        m = model_cfg  # ddp/fsdp without a process group: prepare_model says how to start one
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.config = model.config
-        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.optim.kl_coef > 0 else None
+        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if optim.kl_coef > 0 else None
         self.lora = LoraSettings(r=m.lora_r, alpha=m.lora_alpha) if m.lora_r > 0 else None
-        torch.manual_seed(cfg.seed)  # the same LoRA initialisation on every rank (FSDP2 does not broadcast)
+        torch.manual_seed(seed)  # the same LoRA initialisation on every rank (FSDP2 does not broadcast)
         param_dtype = torch.bfloat16 if m.bf16 and m.strategy == "fsdp" else None
         self.module = prepare_model(model, m.strategy, lora=self.lora,
                                     gradient_checkpointing=m.gradient_checkpointing, param_dtype=param_dtype)
         self.module.eval()
-        self.packed = cfg.optim.update == "packed"
+        self.packed = optim.update == "packed"
         reason = packing_unsupported(self.module) if self.packed else None
         if reason is not None:
             self.packed = False
             if self.rank == 0:
                 warnings.warn(f"optim.update=packed is not possible: {reason}; the policy update runs one padded "
                               "row per node instead (as optim.update=rows)", RuntimeWarning, stacklevel=2)
-        o = cfg.optim
+        o = optim
         self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad], o.optimizer,
                                         lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                                         momentum=o.momentum)
@@ -127,7 +89,7 @@ class Learner:
     @property
     def shares_weights(self) -> bool:
         """Whether a generation backend may use `model` itself (no copy, no weight sync)."""
-        return self.cfg.model.strategy == "single" and self.lora is None
+        return self.model_cfg.strategy == "single" and self.lora is None
 
     @property
     def model(self) -> nn.Module:
@@ -177,7 +139,7 @@ class Learner:
             broadcast_object((method, args))
 
     def _update(self, samples: Sequence[Sample], seed: int, pad_id: int) -> dict[str, float]:
-        o = self.cfg.optim
+        o = self.optim
         if not samples:
             return {"loss/nodes": 0.0, "loss/optimizer_steps": 0.0}
         gen = torch.Generator().manual_seed(seed)
@@ -191,7 +153,7 @@ class Learner:
                 batch = self._rank_packs(chunk) if self.packed else self._rank_rows(update_batch(chunk, pad_id))
                 stats = policy_update(self.module, self.optimizer, batch, o.micro_batch, o.clip_low, o.clip_high,
                                       o.kl_coef, o.grad_clip, self.temperature,
-                                      bf16=self.cfg.model.bf16 and self.cfg.model.strategy != "fsdp")
+                                      bf16=self.model_cfg.bf16 and self.model_cfg.strategy != "fsdp")
                 w = stats["loss/tokens"]
                 for key, value in stats.items():
                     if key not in ("loss/total", "loss/tokens", "loss/grad_norm", "loss/forward_tokens"):
@@ -218,7 +180,7 @@ class Learner:
 
     def _rank_packs(self, samples: Sequence[Sample]) -> list[Pack]:
         """This rank's packs of ``samples`` (choice 1), with reference log-probs when the loss has a KL term."""
-        packs = pack_batches(samples, self.cfg.optim.pack_tokens, parts=self.world_size)
+        packs = pack_batches(samples, self.optim.pack_tokens, parts=self.world_size)
         return [self._with_reference(p) for p in shard_packs(packs, self.rank, self.world_size)]
 
     def _with_reference(self, part: _Part) -> _Part:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.driver.config import OPTIMIZERS
+from trace_gym.training.config import OPTIMIZERS
 
 
 def make_optimizer(params: Iterable[Any], name: str, lr: float, betas: tuple[float, float] = (0.9, 0.999),

@@ -181,7 +181,7 @@ class Pack:
         return Pack(**{f.name: _move(getattr(self, f.name), device) for f in fields(self)})
 
     def without_loss(self) -> Pack:
-        """The same forward with nothing trained (an idle rank's pass, distributed.py note 2)."""
+        """The same forward with nothing trained (an idle rank's pass, optimizer_step.py note 2)."""
         return _replace(self, loss_mask=torch.zeros_like(self.loss_mask))
 
     def with_reference(self, ref_logprobs: torch.Tensor) -> Pack:
@@ -243,7 +243,7 @@ def pack_batches(samples: Sequence[Row], max_tokens: int, parts: int = 1) -> lis
 
 def shard_packs(packs: Sequence[Pack], rank: int, world_size: int) -> list[Pack]:
     """Packs ``rank, rank + world_size, ...``; a rank left without one gets the smallest pack with nothing
-    trained, so that every rank runs a forward/backward (distributed.py note 2)."""
+    trained, so that every rank runs a forward/backward (optimizer_step.py note 2)."""
     mine = list(packs[rank::world_size])
     return mine or [min(packs, key=lambda p: p.tokens).without_loss()]
 

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.allocation.allocators import ALLOCATORS, StepBudget, expand_counts, make_allocator
+from trace_gym.training.allocation.allocators import expand_counts, make_allocator
+from trace_gym.training.config import ALLOCATORS, StepBudget
 
 
 @pytest.mark.parametrize("name", ALLOCATORS)

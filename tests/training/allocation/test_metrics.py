@@ -10,15 +10,6 @@ from trace_gym.training.allocation.metrics import (
     tree_metrics,
 )
 from trace_gym.tree import RolloutTree
-from trace_gym.tree_stats import contrastive_pairs
-
-
-def test_contrastive_pairs_hand_count():
-    # root -> nodes 1 (V = 0.5), 2 (0), 3 (0): (1,2) and (1,3) differ; node 1 -> leaves 4 (1), 5 (0): 1 pair
-    parents = np.array([-1, 0, 0, 0, 1, 1])
-    values = np.array([0.0, 0.5, 0.0, 0.0, 1.0, 0.0])
-    counts = np.array([4, 2, 1, 1, 1, 1])
-    assert contrastive_pairs(parents, values, counts) == 3
 
 
 def test_nonzero_fraction_counts_trained_nodes_only():

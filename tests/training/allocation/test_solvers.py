@@ -12,7 +12,6 @@ from trace_gym.training.allocation.solvers import (
     solve_prefixes,
     solve_roots,
 )
-from trace_gym.tree_stats import bottom_up_values
 
 probs = st.floats(0.0, 1.0, allow_nan=False)
 
@@ -101,32 +100,6 @@ def test_solve_prefixes_prefers_surprising_prefixes():
 def test_solve_prefixes_without_prefixes_raises():
     with pytest.raises(ConfigError):
         solve_prefixes(np.array([]), np.array([]), 2)
-
-
-def test_bottom_up_values_hand_tree():
-    # root -> a, b; a -> c (1), d (0); b leaf (1).  V(a) = 1/2, V(root) = 2/3.
-    parents = np.array([-1, 0, 0, 1, 1])
-    rewards = np.array([0.0, 0.0, 1.0, 1.0, 0.0])
-    leaf = np.array([False, False, True, True, True])
-    values, counts = bottom_up_values(parents, rewards, leaf)
-    assert values.tolist() == pytest.approx([2 / 3, 0.5, 1.0, 1.0, 0.0])
-    assert counts.tolist() == [3, 2, 1, 1, 1]
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.data())
-def test_bottom_up_values_is_weighted_mean_of_children(data):
-    n = data.draw(st.integers(2, 25))
-    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n)]
-    has_child = set(parents[1:])
-    leaf = np.array([i not in has_child for i in range(n)])
-    rewards = np.array([float(data.draw(st.booleans())) for _ in range(n)])
-    values, counts = bottom_up_values(np.array(parents), rewards, leaf)
-    for y in range(n):
-        kids = [c for c in range(n) if parents[c] == y]
-        if kids:
-            assert counts[y] == sum(counts[c] for c in kids)
-            assert values[y] == pytest.approx(sum(counts[c] * values[c] for c in kids) / counts[y])
 
 
 @pytest.mark.parametrize("values", [[0.5, float("nan")], [1.2, 0.5], [[0.5, 0.5]]])

@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.allocators import StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix, training_examples
 from trace_gym.training.allocation.stages import (
     ContinuationPlan,
     RootAllocation,
     allocate_roots,
-    build_samples,
     fit_predictor,
     plan_continuations,
 )
+from trace_gym.training.config import StepBudget
+from trace_gym.training.step import build_samples
 from trace_gym.tree import RolloutTree
 
 POOL = [Task(id=f"t{i}", prompt=f"prompt t{i}") for i in range(4)]

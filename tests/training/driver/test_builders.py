@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trace_gym.training.allocation.predictor import FeaturePredictor
+from trace_gym.training.config import TrainConfig
 from trace_gym.training.driver.builders import make_predictor
-from trace_gym.training.driver.config import TrainConfig
 
 
 def test_the_feature_predictor_never_asks_for_hidden_states():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trace_gym.training.driver.progress import StageTimer, plot_at_end
+from trace_gym.training.driver.progress import plot_at_end
+from trace_gym.training.step import StageTimer
 
 
 def test_stage_timer_accumulates_each_stage_and_the_step():

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tests.training.parity_env import ENTRY_POINT
-from trace_gym.training.allocation.stages import build_samples
-from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.config import TrainConfig
 from trace_gym.training.driver.metrics_log import read_metrics
 from trace_gym.training.driver.trainer import Trainer
+from trace_gym.training.step import build_samples
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +112,7 @@ def test_trace_adaptive_and_predictor_memory_resume_from_a_checkpoint(tmp_path, 
 
 
 def test_update_raises_positive_advantage_actions_relative_to_negative_ones(tmp_path, nano_dir):
-    from trace_gym.training.update.distributed import token_logprobs
-    from trace_gym.training.update.learner import update_batch
+    from trace_gym.training.update.batches import token_logprobs, update_batch
 
     cfg = tiny_config(tmp_path / "run", nano_dir)
     trainer = Trainer(cfg)

@@ -15,10 +15,10 @@ import torch
 import yaml
 
 from tests.training.driver.test_trainer import comparable, tiny_config
-from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.config import TrainConfig
 from trace_gym.training.driver.metrics_log import read_metrics
 from trace_gym.training.driver.trainer import Trainer
-from trace_gym.training.update.distributed import spawn
+from trace_gym.training.update.parallel import spawn
 
 pytest.importorskip("peft")
 

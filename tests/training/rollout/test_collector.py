@@ -139,7 +139,7 @@ def test_an_adopted_tree_continues_as_in_the_collector_that_started_it():
 
 @pytest.mark.parametrize("kind", ["local", "simulation"])
 def test_every_collector_refuses_the_same_bad_starts(kind):
-    from trace_gym.training.rollout.simulation import SimCollector, make_tasks
+    from trace_gym.training.simulation import SimCollector, make_tasks
 
     env = None
     if kind == "local":

@@ -13,7 +13,8 @@ from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.errors import ConfigError
 from trace_gym.training.rollout.collector import TreeCollector
-from trace_gym.training.rollout.evaluate import EvalResult, PairedDifference, TaskOutcome, evaluate, paired_difference
+from trace_gym.training.rollout.evaluate import EvalResult, TaskOutcome, evaluate, paired_difference
+from trace_gym.training.stats import PairedDifference
 from trace_gym.training.viz.viewer import load_trees
 
 

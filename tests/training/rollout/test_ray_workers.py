@@ -15,8 +15,9 @@ pytest.importorskip("ray")
 
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
+from trace_gym.training.config import RayConfig
 from trace_gym.training.rollout.collector import TreeCollector
-from trace_gym.training.rollout.ray_workers import EnvExpert, RayConfig, RayTreeCollector
+from trace_gym.training.rollout.ray_workers import EnvExpert, RayTreeCollector
 from trace_gym.tree import RolloutTree
 
 ENV_ID = "trace/HotpotQA-v0"

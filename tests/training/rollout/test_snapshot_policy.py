@@ -10,10 +10,11 @@ import pytest
 from trace_gym.agents.policy import Generation, Request, SamplingParams
 from trace_gym.environments.math.env import ArithmeticEnv
 from trace_gym.environments.sandbox.host import sandbox_processes, start_template
-from trace_gym.training.allocation.allocators import StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor
-from trace_gym.training.allocation.step import take_step
+from trace_gym.training.config import StepBudget
 from trace_gym.training.rollout.collector import SnapshotPolicy, TreeCollector
+from trace_gym.training.step import take_step
 from trace_gym.wrappers import TreeRolloutWrapper
 
 CELLS = 3

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trace_gym.training.config import ADVANTAGE_METHODS
 from trace_gym.training.update.advantages import (
-    ADVANTAGE_METHODS,
     grpo_advantages,
     node_advantages,
     tree_advantages,

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from trace_gym.errors import ConfigError
-from trace_gym.training.driver.config import OPTIMIZERS, OptimConfig
+from trace_gym.training.config import OPTIMIZERS, OptimConfig
 from trace_gym.training.update.optimizers import make_optimizer
 
 

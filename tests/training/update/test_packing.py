@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 import trace_gym  # noqa: F401 - registers the trace/* ids
 from trace_gym.agents.hf import HFPolicy
 from trace_gym.agents.policy import SamplingParams
-from trace_gym.training.driver.config import TrainConfig
+from trace_gym.training.config import TrainConfig
 from trace_gym.training.rollout.collector import TreeCollector, context_ids
-from trace_gym.training.update.distributed import policy_update, token_logprobs
-from trace_gym.training.update.learner import Learner, Sample, update_batch
+from trace_gym.training.update.batches import token_logprobs, update_batch
+from trace_gym.training.update.learner import Learner
+from trace_gym.training.update.optimizer_step import policy_update
 from trace_gym.training.update.packing import (
     build_trie,
     last_hidden_states,
@@ -33,6 +34,7 @@ from trace_gym.training.update.packing import (
     trie_order,
     unique_tokens,
 )
+from trace_gym.training.update.samples import Sample
 
 ENVS = {  # env id -> kwargs: short observations keep the nano model's rollouts fast
     "trace/Arithmetic-v0": {"n_tasks": 6, "max_turns": 3},

@@ -10,10 +10,11 @@ import pytest
 
 from tests.training.parity_env import ENTRY_POINT
 from trace_gym.errors import ConfigError
-from trace_gym.training.allocation.allocators import StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor
 from trace_gym.training.cli.main import main as cli_main
-from trace_gym.training.rollout.simulation import make_tasks, run_simulation
+from trace_gym.training.config import StepBudget
+from trace_gym.training.simulation import make_tasks, run_simulation
 from trace_gym.training.viz.plots import _reliability_points, load_run, plot_run, plot_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -43,7 +44,7 @@ def _is_png(path: Path) -> bool:
 def trainer_run(tmp_path_factory) -> Path:
     """Three real training steps (nano model, parity env, TRACE allocator) with trees saved."""
     from trace_gym.agents.tiny import build_tiny_model
-    from trace_gym.training.driver.config import TrainConfig
+    from trace_gym.training.config import TrainConfig
     from trace_gym.training.driver.trainer import Trainer
 
     base = tmp_path_factory.mktemp("trained")

@@ -25,10 +25,11 @@ from hypothesis import strategies as st
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.errors import ConfigError
-from trace_gym.training.allocation.allocators import StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor
-from trace_gym.training.allocation.step import take_step
+from trace_gym.training.config import StepBudget
 from trace_gym.training.rollout.collector import TreeCollector
+from trace_gym.training.step import take_step
 from trace_gym.training.viz.viewer import TreeRecord, load_trees, page_data, render_html, split_action, write_viewer
 from trace_gym.tree import RolloutTree
 from trace_gym.wrappers import TreeRolloutWrapper

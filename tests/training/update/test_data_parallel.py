@@ -14,27 +14,20 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from trace_gym.training.update.distributed import (  # noqa: E402
-    LoraSettings,
+from trace_gym.training.update.batches import (  # noqa: E402
     UpdateBatch,
-    broadcast_object,
-    full_state_dict,
-    host_store,
-    policy_update,
-    prepare_model,
-    ray_run,
-    spawn,
     token_logprobs,
-)
-from trace_gym.training.update.learner import (  # noqa: E402
-    Sample,
     update_batch,
 )
+from trace_gym.training.update.models import LoraSettings, full_state_dict, prepare_model  # noqa: E402
+from trace_gym.training.update.optimizer_step import policy_update  # noqa: E402
 from trace_gym.training.update.packing import (  # noqa: E402
     pack_batches,
     shard_packs,
     trie_order,
 )
+from trace_gym.training.update.parallel import broadcast_object, host_store, ray_run, spawn  # noqa: E402
+from trace_gym.training.update.samples import Sample  # noqa: E402
 
 LORA = LoraSettings(r=4, alpha=8)
 SCENARIOS = {"ddp": ("ddp", None), "fsdp": ("fsdp", None), "lora_fsdp": ("fsdp", LORA)}

@@ -32,11 +32,11 @@ from trace_gym.env import TextEnv, Turn
 from trace_gym.errors import ConfigError
 from trace_gym.seeds import generator
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.allocators import Allocator, StepBudget
+from trace_gym.training.allocation.allocators import Allocator
 from trace_gym.training.allocation.predictor import Predictor, Prefix
-from trace_gym.training.allocation.step import take_step
+from trace_gym.training.config import AdvantageMethod, StepBudget
 from trace_gym.training.rollout.collector import CollectStats, bare_starts, continuation_starts
-from trace_gym.training.update.advantages import AdvantageMethod
+from trace_gym.training.step import take_step
 from trace_gym.tree import RolloutTree
 
 TERRAIN = ("treacherous", "rocky", "hilly", "gentle", "flat")  # low to high p_good

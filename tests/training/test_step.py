@@ -9,12 +9,12 @@ from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.environments.math.env import ArithmeticEnv
 from trace_gym.errors import ConfigError
-from trace_gym.training.allocation.allocators import AdaptiveAllocator, StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import AdaptiveAllocator, make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor
-from trace_gym.training.allocation.step import take_step
-from trace_gym.training.driver.progress import StageTimer
+from trace_gym.training.config import StepBudget
 from trace_gym.training.rollout.collector import TreeCollector
-from trace_gym.training.rollout.simulation import SimCollector, make_tasks, true_value, value_at
+from trace_gym.training.simulation import SimCollector, make_tasks, true_value, value_at
+from trace_gym.training.step import StageTimer, take_step
 
 TASKS = make_tasks(48, seed=4)
 BUDGET = StepBudget(roots=8, multiplier=2)

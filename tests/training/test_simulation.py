@@ -3,10 +3,10 @@ import pytest
 
 from trace_gym.checker import check_trace_env
 from trace_gym.tasks import Task
-from trace_gym.training.allocation.allocators import ALLOCATORS, StepBudget, make_allocator
+from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix
-from trace_gym.training.allocation.step import take_step
-from trace_gym.training.rollout.simulation import (
+from trace_gym.training.config import ALLOCATORS, StepBudget
+from trace_gym.training.simulation import (
     BAD_ACTION,
     GOOD_ACTION,
     SimCollector,
@@ -17,6 +17,7 @@ from trace_gym.training.rollout.simulation import (
     true_value,
     value_at,
 )
+from trace_gym.training.step import take_step
 
 
 def _task(p, need, horizon):

@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 import torch
 
 from tests.training.parity_env import ENTRY_POINT
-from trace_gym.integrations.trl_rollout import TraceGymRollout
+from trace_gym.training.integrations.trl_rollout import TraceGymRollout
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from tests.training.allocation.test_stages import planned_step, record_tokens
-from trace_gym.training.allocation.stages import build_samples
-from trace_gym.training.viz.annotations import SCHEMA_KEYS, annotate
+from trace_gym.training.step import SCHEMA_KEYS, annotate, build_samples
 from trace_gym.training.viz.viewer import load_trees, page_data
 from trace_gym.tree import RolloutTree
 

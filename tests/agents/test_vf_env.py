@@ -18,7 +18,7 @@ from tests.agents.openai_server import ExpertScript, ScriptedServer
 from tests.training.parity_env import ENTRY_POINT
 from trace_gym.env_specs import env_factory
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 VF_EVAL = shutil.which("vf-eval", path=str(Path(sys.executable).parent)) or "vf-eval"
 
 
