@@ -149,7 +149,7 @@ def learner(model_dir: Path, update: str, **optim: Any) -> Learner:
     cfg = TrainConfig.from_dict({"model": {"path": str(model_dir)}, "optim": {**OPTIM, "update": update, **optim}})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return Learner(cfg, str(model_dir), torch.device("cpu"))
+        return Learner(cfg.model, cfg.optim, str(model_dir), torch.device("cpu"), seed=cfg.seed)
 
 
 def timed(make: Callable[[], Learner], samples: list[Sample], repeats: int) -> dict[str, Any]:

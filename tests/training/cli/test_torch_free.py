@@ -86,3 +86,12 @@ def test_eval_and_rollout_with_the_expert_need_no_torch(base_venv, tmp_path):
     assert ro.returncode == 0, ro.stderr[-3000:]
     trees = [json.loads(line) for line in (tmp_path / "trees.jsonl").read_text().splitlines()]
     assert len(trees) == 2 and all(len(t["nodes"]) > 1 for t in trees)
+
+
+def test_the_readme_python_eval_example_needs_no_torch(base_venv, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    blocks = readme.split("```python\n")[1:]
+    example = next(b.split("```")[0] for b in blocks if "evaluate_policy" in b and "expert:" in b)
+    result = _run(base_venv, "-c", example, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("success ") and "over 100 episodes" in result.stdout

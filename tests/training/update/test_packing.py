@@ -253,7 +253,7 @@ def test_the_learners_packed_update_equals_its_rows_update(samples, nano_dir, kl
     for update in ("packed", "rows"):
         # SGD: the weight change is the gradient itself (Adam's first step would amplify last-bit differences)
         cfg = learner_config(nano_dir, update, kl_coef=kl_coef, optimizer=optimizer, lr=1.0)
-        learner = Learner(cfg, str(nano_dir), torch.device("cpu"))
+        learner = Learner(cfg.model, cfg.optim, str(nano_dir), torch.device("cpu"))
         assert learner.packed == (update == "packed")
         stats = learner.update(samples, seed=3, pad_id=0)
         out[update] = (learner.model.state_dict(), stats)
@@ -276,7 +276,8 @@ def test_a_model_with_sliding_window_layers_falls_back_to_rows_with_a_warning(tm
     Qwen3ForCausalLM(config).save_pretrained(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        learner = Learner(learner_config(tmp_path, "packed"), str(tmp_path), torch.device("cpu"))
+        cfg = learner_config(tmp_path, "packed")
+        learner = Learner(cfg.model, cfg.optim, str(tmp_path), torch.device("cpu"))
     assert not learner.packed
     assert any("sliding-window" in str(w.message) and "one padded row per node" in str(w.message) for w in caught)
     rows = [Sample([1, 2, 3], [4, 5], [-1.0, -1.0], 1.0), Sample([1, 2, 3], [6], [-1.0], -1.0)]
