@@ -14,13 +14,14 @@ venv: $(STAMP)
 
 # Re-runs only when the dependency list changes. torch goes first and alone: pip otherwise takes a CUDA build.
 # pyproject.toml gives ranges; constraints.txt pins the versions tested here. The integrations extra brings
-# verifiers, TRL and skyrl-gym, whose adapters the suite tests for real. PYTHONWARNINGS keeps setuptools'
+# verifiers, TRL and skyrl-gym, whose adapters the suite tests for real; serve and openenv the env server and
+# OpenEnv's own validator and client, which its tests run. PYTHONWARNINGS keeps setuptools'
 # notice about editable layouts (informational, about every editable install) out of the log.
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	PYTHONWARNINGS=ignore $(PIP) install --quiet -c constraints.txt -e '.[train,ray,bfcl,integrations,dev]'
+	PYTHONWARNINGS=ignore $(PIP) install --quiet -c constraints.txt -e '.[train,ray,bfcl,integrations,serve,openenv,dev]'
 	$(PIP) install --quiet --no-deps bfcl-eval==2026.3.23 mpmath
 	touch $(STAMP)
 

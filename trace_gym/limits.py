@@ -114,7 +114,8 @@ def check_host(needs: HostNeeds) -> list[str]:
     return problems
 
 
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
+    """The kernel's estimate of the memory that new work can take without swapping (MemAvailable), or None."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -138,7 +139,7 @@ def ensure_host(needs: HostNeeds) -> None:
     if problems:
         raise ConfigError("; ".join(problems) + " (the step's peak is estimated from the env's host_footprint "
                           "and the step's trajectories: fewer roots also fit)")
-    available = _available_memory()
+    available = available_memory()
     if available is not None and available < needs.memory_bytes:
         warnings.warn(f"a step is estimated to need {needs.memory_bytes >> 20} MiB for its episodes' processes, "
                       f"{available >> 20} MiB are available; fix: fewer roots per step (alloc.roots) or more memory",

@@ -1,5 +1,5 @@
-"""`EnvSession`: one trace-gym env (any env spec, a user's own included) played by text turns from outside the
-project's collector: what the framework adapters and the env server drive.
+"""`EnvSession`: one trace-gym env (any env spec, a user's own included, or an `EnvFactory`) played by text turns
+from outside the project's collector: what the framework adapters and the env server drive.
 
 ``reset`` starts a task (by id, index or seed) and returns the chat so far; ``step`` plays one assistant turn and
 returns what the env answered (its new messages, reward, whether the episode ended); ``snapshot`` returns a
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trace_gym.env import TextEnv
-from trace_gym.env_specs import env_factory
+from trace_gym.env_specs import EnvFactory, env_factory
 from trace_gym.errors import ConfigError
 from trace_gym.snapshot import Snapshot
 
@@ -30,11 +30,14 @@ def jsonable(value: Any) -> Any:
 
 
 class EnvSession:
-    """One env of ``spec`` built with ``env_args``; ``max_snapshots`` bounds the handles held at once."""
+    """One env of ``spec`` built with ``env_args`` (or of an `EnvFactory`, which carries its own); ``max_snapshots``
+    bounds the handles held at once."""
 
-    def __init__(self, spec: str, env_args: Mapping[str, Any] | None = None, max_snapshots: int = MAX_SNAPSHOTS):
-        self.spec, self.env_args = spec, dict(env_args or {})
-        self.env = env_factory(spec, self.env_args)()
+    def __init__(self, spec: str | EnvFactory, env_args: Mapping[str, Any] | None = None,
+                 max_snapshots: int = MAX_SNAPSHOTS):
+        factory = spec if isinstance(spec, EnvFactory) else env_factory(spec, env_args)
+        self.spec, self.env_args = factory.spec, dict(factory.kwargs)
+        self.env = factory()
         base = self.env.unwrapped
         if not isinstance(base, TextEnv):
             self.env.close()
@@ -74,6 +77,11 @@ class EnvSession:
                 "truncated": bool(truncated), "done": bool(terminated or truncated),
                 "new_messages": jsonable(messages[before + 1:]), "info": jsonable(info)}
 
+    @property
+    def held(self) -> int:
+        """How many snapshot handles are held now."""
+        return len(self._snapshots)
+
     def messages(self) -> list[dict[str, Any]]:
         """The whole chat of the episode so far."""
         return jsonable(self.base.messages)
@@ -87,9 +95,13 @@ class EnvSession:
         self._snapshots[handle] = self.base.snapshot("native")
         return handle
 
-    def restore(self, handle: str) -> dict[str, Any]:
-        """Back to the snapshot ``handle`` (it stays valid): the observation and the messages there."""
-        obs, info = self.base.restore(self._snapshot(handle))
+    def restore(self, handle: str, source: EnvSession | None = None) -> dict[str, Any]:
+        """Back to the snapshot ``handle`` (it stays valid): the observation and the messages there. ``source``:
+        the session holding the handle when it is another one (a branch: an env of the same class)."""
+        snapshot = (source or self)._snapshot(handle)
+        if self.base.task is None:  # a fresh env: gymnasium's wrappers refuse a step before its first reset
+            self.env.reset()
+        obs, info = self.base.restore(snapshot)
         return {"observation": obs, "messages": jsonable(info.get("messages", self.base.messages)),
                 "task_id": info.get("task_id"), "done": bool(self.base.done)}
 

@@ -1,0 +1,80 @@
+"""The options of ``trace-gym serve`` (and ``python -m trace_gym.integrations.env_server``), and the run. This
+module imports no server package, so that the command line lists the command without the serve extra."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import stat
+from pathlib import Path
+
+from trace_gym.errors import ConfigError
+
+__all__ = ["TOKEN_VARIABLE", "add_arguments", "read_tokens", "run"]
+
+TOKEN_VARIABLE = "TRACE_GYM_SERVE_TOKEN"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", required=True, help="the env to serve: a registered id (trace-gym envs), "
+                                                     "module:id or module:Class")
+    parser.add_argument("--env-args", default="{}", help="its constructor's arguments as a JSON object")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only; anything "
+                                                            "else needs a token)")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--token-file", help="a file of tokens, one a line (each client its own); also "
+                                             f"${TOKEN_VARIABLE}")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="another Host name clients use to reach the server (repeatable)")
+    parser.add_argument("--max-live", type=int, help="live sessions and snapshot handles at most (default: this "
+                                                     "host's budget; only lower)")
+    parser.add_argument("--max-connections", type=int, default=256)
+    parser.add_argument("--request-timeout", type=float, default=10.0, help="seconds to send a whole request")
+    parser.add_argument("--session-idle", type=float, default=600.0, help="seconds before an unused session closes")
+
+
+def read_tokens(path: str | None) -> list[str]:
+    """The tokens of ``path`` (one a line, ``#`` comments) and of ``$TRACE_GYM_SERVE_TOKEN``; the file must not be
+    readable by other users."""
+    tokens = [os.environ[TOKEN_VARIABLE].strip()] if os.environ.get(TOKEN_VARIABLE, "").strip() else []
+    if path is None:
+        return tokens
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+        lines = file.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"expected a readable token file, got {path} ({exc.strerror}); fix: write the tokens "
+                          "there, one a line") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"expected {path} to be readable by its owner only, got mode {stat.filemode(mode)}; "
+                          f"fix: chmod 600 {path}")
+    tokens += [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    if not tokens:
+        raise ConfigError(f"expected at least one token in {path}, got none; fix: python -c 'import secrets; "
+                          f"print(secrets.token_urlsafe(32))' >> {path}")
+    return tokens
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve ``args`` in the foreground until interrupted."""
+    from trace_gym.integrations.env_server import EnvServer, ServeLimits
+
+    try:
+        env_args = json.loads(args.env_args)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"expected --env-args as a JSON object, got {args.env_args!r} ({exc})") from None
+    if not isinstance(env_args, dict):
+        raise ConfigError(f"expected --env-args as a JSON object, got {type(env_args).__name__}; fix: e.g. "
+                          "'{\"n_tasks\": 100}'")
+    limits = ServeLimits(max_live=args.max_live, max_connections=args.max_connections,
+                         request_timeout_s=args.request_timeout, session_idle_s=args.session_idle)
+    server = EnvServer(args.env, env_args, host=args.host, port=args.port, tokens=read_tokens(args.token_file),
+                       allow_hosts=args.allow_host, limits=limits)
+    print(f"trace-gym env server for {args.env} at {server.url} (up to {server.budget.limit} live sessions and "
+          "snapshots)", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+    return 0

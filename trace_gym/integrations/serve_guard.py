@@ -1,0 +1,250 @@
+"""What a request must be before the env server reads it, and how long a connection may take to send one.
+
+`RequestGuard` (ASGI middleware, in front of every route and the WebSocket) refuses, each with its own status
+and a one-line fix:
+
+- a ``Host`` that is not the bound address (421): a web page that rebinds its own name to this machine sends
+  its name. A loopback bind accepts ``127.0.0.1``, ``localhost`` and ``::1``; a wildcard bind any literal IP
+  address; names the operator lists are accepted too. The port is not checked, so tunnels work.
+- any ``Origin`` header (403): the server answers programs, not web pages; browsers send ``Origin`` with every
+  cross-origin request and every WebSocket handshake, programs do not.
+- a missing or wrong token when the server has tokens (401): ``Authorization: Bearer TOKEN``, or Basic with
+  the token as the password (what a client sends for ``http://user:TOKEN@host``).
+- a body that is not JSON (415): a POST must be ``Content-Type: application/json``;
+- a body without a ``Content-Length`` (411) or longer than ``max_body`` (413), before any of it is read.
+
+`guarded_protocol` is uvicorn's HTTP/1.1 protocol with two bounds of its own: at most ``max_connections`` open
+at once (more are answered 503 and closed at once), and a whole request (headers and body) within
+``request_timeout_s`` of its first byte or of the connection's start (else 408 and closed). uvicorn itself
+answers a malformed request (``Content-Length: -1``) 400 and closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["ANONYMOUS", "RequestGuard", "allowed_host_names", "guarded_protocol", "is_loopback"]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+ANONYMOUS = "local"  # the owner of every request to a server without tokens
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` listens on this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_host_names(bound: str, extra: Iterable[str] = ()) -> frozenset[str] | None:
+    """The ``Host`` names a server bound to ``bound`` answers (None: any literal IP address, a wildcard bind),
+    with the operator's ``extra`` names."""
+    extra = frozenset(name.lower() for name in extra)
+    if is_loopback(bound):
+        return _LOOPBACK_NAMES | {bound.lower()} | extra
+    try:
+        if ipaddress.ip_address(bound).is_unspecified:
+            return None
+    except ValueError:
+        pass
+    return frozenset({bound.lower()}) | extra
+
+
+def _host_name(value: str) -> str:
+    """The name part of a ``Host`` header: ``[::1]:80`` -> ``::1``, ``a.b:80`` -> ``a.b``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def token_owner(token: str) -> str:
+    """The owner name of requests that present ``token`` (a digest: owners are logged, tokens never)."""
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+class RequestGuard:
+    """ASGI middleware that refuses what the module docstring lists; a passed request carries its owner in
+    ``scope["state"]["owner"]`` (a token's digest, or `ANONYMOUS` on a server without tokens)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], hosts: frozenset[str] | None, tokens: Iterable[str],
+                 max_body: int):
+        self.app, self.hosts, self.max_body = app, hosts, max_body
+        self.tokens = [t.encode() for t in tokens]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers: dict[str, str] = {}
+        for key, value in scope["headers"]:
+            name = key.decode("latin-1").lower()
+            headers[name] = f"{headers[name]}, {value.decode('latin-1')}" if name in headers \
+                else value.decode("latin-1")
+        refusal = self._check(scope, headers)
+        if refusal is not None:
+            await _refuse(scope, send, *refusal)
+            return
+        owner = self._owner(headers)
+        if owner is None:
+            await _refuse(scope, send, 401, "expected Authorization: Bearer TOKEN (or http://user:TOKEN@host in the "
+                                           "URL), got none or a wrong one; fix: send the token the server's "
+                                           "operator gave you", [(b"www-authenticate", b'Bearer, Basic realm="env"')])
+            return
+        scope.setdefault("state", {})["owner"] = owner
+        await self.app(scope, receive, send)
+
+    def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
+        host = headers.get("host")
+        if host is None:
+            return 400, "expected a Host header, got none; fix: send HTTP/1.1 requests with Host"
+        name = _host_name(host)
+        allowed = name in self.hosts if self.hosts is not None else _is_ip(name)
+        if not allowed:
+            expect = ", ".join(sorted(self.hosts)) if self.hosts is not None else "a literal IP address"
+            return 421, (f"expected Host {expect}, got {host!r}; fix: connect to the address the server is bound "
+                         "to (its operator can allow more names with --allow-host)")
+        if "origin" in headers:
+            return 403, (f"expected no Origin header (this server answers programs, not web pages), got Origin "
+                         f"{headers['origin'][:100]!r}; fix: call it from a program, not from a browser page")
+        if scope["type"] != "http":
+            return None
+        length = headers.get("content-length")
+        if "transfer-encoding" in headers:
+            return 411, "expected a Content-Length, got Transfer-Encoding; fix: send the body with its length"
+        if length is not None and not length.isdigit():
+            return 400, f"expected a Content-Length of digits, got {length[:40]!r}"
+        if length is not None and int(length) > self.max_body:
+            return 413, (f"expected a body of at most {self.max_body} bytes, got a Content-Length of {length}; "
+                         "fix: a turn's action is far shorter")
+        if scope["method"] not in ("GET", "HEAD"):
+            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            if media != "application/json":
+                return 415, (f"expected Content-Type application/json, got {media or 'none'!r}; fix: send the body "
+                             "as JSON (an empty object for no arguments)")
+        elif length not in (None, "0"):
+            return 400, f"expected no body with {scope['method']}, got {length} bytes; fix: use POST"
+        return None
+
+    def _owner(self, headers: dict[str, str]) -> str | None:
+        if not self.tokens:
+            return ANONYMOUS
+        kind, _, value = headers.get("authorization", "").partition(" ")
+        presented = value.strip().encode()
+        if kind.lower() == "basic":
+            try:
+                presented = base64.b64decode(presented, validate=True).partition(b":")[2]
+            except (binascii.Error, ValueError):
+                return None
+        elif kind.lower() != "bearer":
+            return None
+        for token in self.tokens:
+            if hmac.compare_digest(presented, token):
+                return token_owner(token.decode())
+        return None
+
+
+async def _refuse(scope: Scope, send: Send, status: int, message: str,
+                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"detail": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close"), *(extra or [])]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    elif "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+def _raw_response(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"detail": message}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode() + body
+
+
+def guarded_protocol(max_connections: int, request_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with the module docstring's connection cap and request deadline."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _refused = False
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.connections) >= max_connections:
+                self._refused = True
+                transport.write(_raw_response(503, "Service Unavailable",
+                                              f"expected at most {max_connections} connections at once, got one "
+                                              "more; fix: reuse a connection, or retry later"))
+                transport.close()
+                return
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._refused:
+                return
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            if self._deadline is None and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+                self._disarm()  # the whole request is in (or the connection is done)
+
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            self._disarm()  # a WebSocket's idle time is the session's (pings and the session timeout)
+            super().handle_websocket_upgrade(event)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(request_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is None or self.cycle.response_complete:  # no response begun: ours is the answer
+                self.transport.write(_raw_response(408, "Request Timeout",
+                                                   f"expected a whole request within {request_timeout_s:g} s, got "
+                                                   "part of one; fix: send the headers and body at once"))
+            self.transport.close()
+
+    return GuardedH11Protocol
