@@ -241,7 +241,8 @@ def guarded_protocol(max_connections: int, request_timeout_s: float) -> type[asy
             self._deadline = None
             if self.transport.is_closing():
                 return
-            if self.cycle is None or self.cycle.response_complete:  # no response begun: ours is the answer
+            if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+                # no answer begun to this request: ours is its answer
                 self.transport.write(_raw_response(408, "Request Timeout",
                                                    f"expected a whole request within {request_timeout_s:g} s, got "
                                                    "part of one; fix: send the headers and body at once"))

@@ -1,0 +1,328 @@
+"""The env server from an attacker's side: every request below is what a hostile client, or a web page open in
+a browser on the machine, can send; each layer of the defence is tested on its own (raw sockets where a client
+library would tidy the request up)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.training.parity_env import ENTRY_POINT, ParityEnv
+from trace_gym.errors import ConfigError
+from trace_gym.integrations.env_client import EnvClient
+from trace_gym.integrations.env_server import EnvServer, ServeLimits
+from trace_gym.integrations.serve_budget import host_budget, unit_footprint
+from trace_gym.limits import Footprint, HostNeeds, available_memory, check_host
+
+TOKEN_A, TOKEN_B = "a" * 24 + "-token-of-alice", "b" * 24 + "-token-of-bob"
+
+
+@pytest.fixture()
+def server():
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}) as running:
+        yield running
+
+
+def raw(url: str, request: bytes, read_s: float = 10.0) -> bytes:
+    """Send ``request`` as is on a new connection; what the server answered before closing or ``read_s``."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=read_s) as sock:
+        sock.sendall(request)
+        return _read_all(sock, read_s)
+
+
+def _read_all(sock: socket.socket, read_s: float) -> bytes:
+    data, deadline = b"", time.monotonic() + read_s
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def post(url: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}",
+             "Connection: close", "", ""]
+    return raw(url, "\r\n".join(lines).encode() + body)
+
+
+def local_host(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+# ----------------------------------------------------------------------------------------------- code and paths
+def test_an_operator_spec_that_is_not_an_env_class_is_refused_before_it_is_called(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("TRACE_GYM_TEST_MARKER", str(marker))
+    for spec in ("os:system", "subprocess:getoutput", "subprocess:Popen",
+                 "tests.trace_gym.integrations.serve_attack_env:leave_marker",
+                 "tests.trace_gym.integrations.serve_attack_env:NotAnEnv"):
+        with pytest.raises(ConfigError, match="to name a trace_gym env class"):
+            EnvServer(spec, {"command": f"touch {marker}", "args": ["touch", str(marker)]})
+    assert not marker.exists()
+
+
+def test_a_client_cannot_name_code_to_run(server, tmp_path):
+    marker = tmp_path / "pwned"
+    spec = {"env": "os:system", "env_args": {"command": f"touch {marker}"}}
+    answers = [post(server.url, path, json.dumps(spec).encode(), {"Host": local_host(server.url),
+                                                                  "Content-Type": "application/json"})
+               for path in ("/sessions", "/reset", "/reset?env=os:system")]
+    assert [status_of(a) for a in answers] == [404, 422, 422]
+    ws = _ws_exchange(server.url, {"type": "reset", "data": spec})
+    assert ws["type"] == "error" and ws["data"]["code"] == "VALIDATION_ERROR"
+    assert not marker.exists() and server.sessions == 0
+
+
+def test_a_client_cannot_point_the_env_at_a_file(server, tmp_path):
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"problem": "SECRET-LINE-7f3a", "answer": "1"}) + "\n")
+    secret.chmod(0o600)
+    attempts = [("/sessions", {"env": "trace/Math-v0", "env_args": {"data_path": str(secret)}}),
+                ("/reset", {"data_path": str(secret)}),
+                ("/reset", {"env_args": {"data_path": str(secret)}, "index": 0})]
+    answers = [post(server.url, path, json.dumps(body).encode(), {"Host": local_host(server.url),
+                                                                  "Content-Type": "application/json"})
+               for path, body in attempts]
+    ws = _ws_exchange(server.url, {"type": "reset", "data": {"data_path": str(secret)}})
+    assert [status_of(a) for a in answers] == [404, 422, 422] and ws["data"]["code"] == "VALIDATION_ERROR"
+    assert not any(b"SECRET-LINE" in a for a in answers) and "SECRET-LINE" not in json.dumps(ws)
+
+
+# ----------------------------------------------------------------------------------------------- web pages
+def test_a_browsers_simple_request_with_a_foreign_host_is_refused(server):
+    """What a page on evil.example sends after rebinding its name to 127.0.0.1: text/plain, its Host, its
+    Origin. Nothing runs."""
+    answer = post(server.url, "/reset", b'{"index": 0}', {"Host": "evil.example:8765",
+                                                          "Origin": "http://evil.example:8765",
+                                                          "Content-Type": "text/plain"})
+    assert status_of(answer) == 421 and server.sessions == 0
+
+
+@pytest.mark.parametrize(("headers", "status", "says"), [
+    ({"Host": "evil.example"}, 421, b"expected Host"),  # rebinding: the attacker's name
+    ({"Host": "10.1.2.3:80"}, 421, b"expected Host"),  # another address than the bound one
+    ({"Origin": "http://evil.example"}, 403, b"expected no Origin"),  # a cross-origin fetch
+    ({"Origin": "null"}, 403, b"expected no Origin"),  # a sandboxed frame or a file: page
+    ({"Content-Type": "text/plain"}, 415, b"expected Content-Type application/json"),  # a CORS simple request
+    ({"Content-Type": "application/x-www-form-urlencoded"}, 415, b"application/json"),  # a form
+    ({"Content-Type": ""}, 415, b"application/json"),
+])
+def test_each_browser_layer_is_refused_on_its_own(server, headers, status, says):
+    base = {"Host": local_host(server.url), "Content-Type": "application/json"}
+    answer = post(server.url, "/reset", b'{"index": 0}', {**base, **headers})
+    assert status_of(answer) == status and says in answer and server.sessions == 0
+
+
+def test_a_websocket_from_a_page_is_refused_before_it_opens(server):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    with pytest.raises(InvalidStatus) as caught:
+        connect(server.url.replace("http", "ws") + "/ws", origin="http://evil.example")  # type: ignore[arg-type]
+    assert caught.value.response.status_code == 403 and server.sessions == 0
+    rebound = raw(server.url, b"GET /ws HTTP/1.1\r\nHost: evil.example\r\nUpgrade: websocket\r\nConnection: Upgrade"
+                              b"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    assert status_of(rebound) == 421 and server.sessions == 0
+
+
+def test_loopback_names_and_ipv6_literals_are_the_bound_address(server):
+    for host in (local_host(server.url), "localhost:1234", "[::1]:9"):  # any port: tunnels keep working
+        answer = raw(server.url, f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        assert status_of(answer) == 200, answer
+
+
+# ----------------------------------------------------------------------------------------------- tokens
+def test_a_token_is_required_to_bind_anything_but_loopback():
+    with pytest.raises(ConfigError, match=r"expected a token to bind 0\.0\.0\.0"):
+        EnvServer(ENTRY_POINT, host="0.0.0.0")
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        EnvServer(ENTRY_POINT, tokens=["short"])
+
+
+def test_a_server_with_tokens_answers_only_requests_that_present_one():
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, tokens=[TOKEN_A, TOKEN_B]) as server:
+        health = f"{server.url}/health"
+        assert httpx.get(health).status_code == 401
+        assert httpx.get(health, headers={"Authorization": "Bearer " + TOKEN_A[:-1] + "x"}).status_code == 401
+        assert httpx.get(health, headers={"Authorization": "Token " + TOKEN_A}).status_code == 401
+        assert httpx.get(health, headers={"Authorization": "Bearer " + TOKEN_A}).status_code == 200
+        basic = base64.b64encode(f"anyone:{TOKEN_B}".encode()).decode()
+        assert httpx.get(health, headers={"Authorization": "Basic " + basic}).status_code == 200
+        with pytest.raises(Exception, match="401"):
+            _ws_exchange(server.url, {"type": "state"})
+        # OpenEnv's client sends no header of its own: the token rides in the URL's user info (Basic).
+        ws = _ws_exchange(server.url.replace("://", f"://client:{TOKEN_A}@"), {"type": "reset", "data": {}})
+        assert ws["type"] == "observation"
+
+
+# ----------------------------------------------------------------------------------------------- sessions
+def test_sessions_have_unguessable_ids_and_belong_to_the_token_that_opened_them():
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, tokens=[TOKEN_A, TOKEN_B]) as server:
+        alice, bob = EnvClient(server.url, TOKEN_A).open(), EnvClient(server.url, TOKEN_B)
+        alice.reset(index=0)
+        other = EnvClient(server.url, TOKEN_A).open()
+        other.reset(index=0)
+        assert alice.session is not None and len(alice.session) >= 32 and alice.session != other.session
+        for sid in [alice.session, "e0", "e1", "s0", "1", alice.session[:-1]]:
+            for method, path, body in (("POST", "/step", {"action": {"message": "x"}}), ("GET", "/state", None),
+                                       ("POST", "/reset", {}), ("POST", "/snapshot", {}), ("POST", "/close", {})):
+                resp = bob.http.request(method, path, json=body, headers={"X-Session-Id": sid})
+                assert resp.status_code == 404, (sid, path, resp.text)
+        assert alice.step("hello")[0].startswith("noted") and alice.state()["step_count"] == 1
+        assert server.sessions == 2
+
+
+def test_without_tokens_a_session_is_reached_only_by_its_id(server):
+    victim = EnvClient(server.url).open()
+    victim.reset(index=0)
+    attacker = httpx.Client(base_url=server.url)
+    for guess in ["e0", "e1", "e2", "0", "1", "session-0"]:
+        assert attacker.get("/state", headers={"X-Session-Id": guess}).status_code == 404
+        assert attacker.post("/close", json={}, headers={"X-Session-Id": guess}).status_code == 404
+    assert victim.step("hello")[0].startswith("noted") and server.sessions == 1
+    assert b"X-Session" not in attacker.get("/health").content + attacker.get("/metadata").content
+
+
+# ----------------------------------------------------------------------------------------------- framing
+def test_a_negative_content_length_is_refused_without_reading_the_body(server):
+    host, port = local_host(server.url).rsplit(":", 1)
+    head = (f"POST /reset HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: -1\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            for _ in range(48):  # 48 MiB offered; the server answers and closes long before
+                sock.sendall(b"x" * (1 << 20))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _read_all(sock, 10)
+    assert status_of(answer) == 400 and server.sessions == 0
+    assert httpx.get(server.url + "/health").json() == {"status": "healthy"}
+
+
+@pytest.mark.parametrize(("length_headers", "status"), [
+    ("Content-Length: 17000000\r\n", 413),  # over the 16 MiB bound: refused before a byte of it is read
+    ("Transfer-Encoding: chunked\r\n", 411),  # no length at all
+    ("Content-Length: 5\r\nContent-Length: 50\r\n", 400),  # two lengths
+    ("Content-Length: 0x10\r\n", 400),
+])
+def test_a_body_must_declare_one_honest_length(server, length_headers, status):
+    head = (f"POST /reset HTTP/1.1\r\nHost: {local_host(server.url)}\r\nContent-Type: application/json\r\n"
+            f"{length_headers}Connection: close\r\n\r\n").encode()
+    assert status_of(raw(server.url, head)) == status and server.sessions == 0
+
+
+def test_half_sent_requests_are_timed_out_and_connections_are_capped():
+    """300 connections that each send half a request: past the cap they are answered 503 at once, the rest
+    408 once the request timeout passes; then the server serves as before."""
+    limits = ServeLimits(max_connections=64, request_timeout_s=1.0)
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, limits=limits) as server:
+        host, port = local_host(server.url).rsplit(":", 1)
+        socks = []
+        for i in range(300):
+            sock = socket.create_connection((host, int(port)), timeout=30)
+            sock.sendall(b"POST /reset HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Length: 9\r\n"
+                         b"Content-Type: application/json\r\n" + (b"\r\n{\"ind" if i % 2 else b""))
+            socks.append(sock)
+        answers = [_read_all(sock, 20) for sock in socks]
+        for sock in socks:
+            sock.close()
+        statuses = sorted({status_of(a) for a in answers})
+        assert statuses == [408, 503] and sum(status_of(a) == 408 for a in answers) <= 64
+        deadline = time.monotonic() + 20
+        while server.server.server_state.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server.server.server_state.connections
+        env = EnvClient(server.url).open()
+        assert env.reset(index=0)[0].startswith("Say something")
+
+
+# ----------------------------------------------------------------------------------------------- the budget
+class HeavyParityEnv(ParityEnv):
+    """ParityEnv declaring that each live unit costs a twentieth of this host's available memory."""
+
+    @staticmethod
+    def host_footprint(branching: bool) -> Footprint:
+        return Footprint(processes=2.0, descriptors=2.0, namespaces=1.0,
+                         memory_bytes=(available_memory() or 1 << 34) // 20)
+
+
+HEAVY = f"{__name__}:HeavyParityEnv"
+
+
+def test_the_live_budget_fits_the_host():
+    """The sandboxed env's budget: every OS limit passes and the units take at most half the available memory;
+    one more unit than the budget of the memory alone would not fit."""
+    from trace_gym.environments.math.env import ArithmeticEnv
+
+    footprint = unit_footprint(ArithmeticEnv)
+    budget = host_budget(footprint, connections=256)
+    needs = HostNeeds.of(budget, footprint)
+    assert 0 < budget < 65_536 and not check_host(needs)
+    assert budget * footprint.memory_bytes <= 0.5 * (available_memory() or 0)
+
+
+def test_one_client_cannot_hold_more_sessions_and_snapshots_than_the_host_budget():
+    with EnvServer(HEAVY, {"n_tasks": 2}) as server:
+        limit = server.budget.limit
+        assert 5 <= limit <= 10  # half of twenty shares of the memory
+        first = EnvClient(server.url).open()
+        first.reset(index=0)
+        first.step("hello")
+        handles = []
+        for _ in range(limit - 1):
+            handles.append(first.snapshot())
+        refused = first.client.http.post("/snapshot", json={}, headers={"X-Session-Id": first.session})
+        assert refused.status_code == 503 and f"at most {limit} live sessions" in refused.json()["detail"]
+        assert httpx.post(server.url + "/reset", json={}).status_code == 503  # a new session neither
+        assert _ws_exchange(server.url, None)["data"]["code"] == "CAPACITY_REACHED"
+        first.release(handles.pop())
+        second = EnvClient(server.url).open()
+        assert second.reset(index=1)[0].startswith("Say something")  # the released unit, taken again
+        assert server.budget.used == limit
+        first.close()
+        second.close()
+        assert server.budget.used == 0
+    with pytest.raises(ConfigError, match="expected max_live at most"):
+        EnvServer(HEAVY, limits=ServeLimits(max_live=10_000))
+
+
+# ----------------------------------------------------------------------------------------------- the command line
+def test_the_command_refuses_a_token_file_others_can_read(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKEN_A + "\n")
+    tokens.chmod(0o644)
+    result = subprocess.run([sys.executable, "-m", "trace_gym.integrations.env_server", "--env", ENTRY_POINT,
+                             "--token-file", str(tokens)], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[3],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    assert result.returncode != 0 and f"fix: chmod 600 {tokens}" in result.stderr
+
+
+def _ws_exchange(url: str, message: dict | None) -> dict:
+    """One message over a new WebSocket session (None: only what the server says first, if anything)."""
+    from websockets.sync.client import connect
+
+    with connect(url.replace("http", "ws", 1) + "/ws", open_timeout=30) as ws:
+        if message is not None:
+            ws.send(json.dumps(message))
+        return json.loads(ws.recv(timeout=30))
