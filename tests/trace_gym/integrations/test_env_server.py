@@ -276,3 +276,29 @@ def test_http_keeps_a_connection_alive_across_turns(client):
         assert other.get("/health").json() == {"status": "healthy"}
         assert other.get("/metadata").json()["name"] == "trace/Arithmetic-v0"
         assert set(other.get("/schema").json()) == {"action", "observation", "state"}
+
+
+@pytest.mark.slow
+def test_a_sessions_sandbox_outlives_the_request_threads_that_ran_it(client):
+    """Requests run on the server's worker threads, and a worker idle for 10 s ends (anyio's pool): two
+    sessions run their first cells at once (two workers), sit idle past that, and run their next cells after
+    the older worker has ended; both sandboxes still answer."""
+    envs = [client.open() for _ in range(2)]
+    prompts = [env.reset(index=i)[0] for i, env in enumerate(envs)]
+    barrier = threading.Barrier(2)
+    first: dict[int, str] = {}
+
+    def cell(i: int) -> None:
+        barrier.wait()
+        first[i] = envs[i].step(expert_call(prompts[i]))[0]
+
+    threads = [threading.Thread(target=cell, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(11)
+    envs[0].state()  # a request to the pool: the worker idle longest is ended now
+    later = [env.step("<python>print(6 * 7)</python>")[0] for env in envs]
+    assert all(not text.startswith("Crashed") for text in [*first.values(), *later]), later
+    assert later == ["42\n", "42\n"]

@@ -55,7 +55,7 @@ def _read_all(sock: socket.socket, read_s: float) -> bytes:
 
 
 def status_of(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.") else 0
 
 
 def post(url: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
