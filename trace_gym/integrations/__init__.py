@@ -1,16 +1,23 @@
-"""trace-gym envs in other trainers' env interfaces, and an env server any process can branch through.
+"""trace-gym envs in other trainers' env interfaces, and an env server (OpenEnv's protocol) any process can
+branch through.
 
 =====================  ==========================================================================================
 module                 what it gives
 =====================  ==========================================================================================
 ``session``            `EnvSession`: one env played by text turns from outside, snapshots by handle (stdlib)
-``env_server``         an HTTP server of sessions (reset, step, snapshot, restore, release, close) and its client
+``env_server``         ``trace-gym serve``: one env on OpenEnv's protocol, with snapshot, restore and branch
+``serve_guard``        what a request must be (Host, Origin, token, JSON, length) and the connection bounds
+``serve_sessions``     the server's sessions: unguessable ids, owners, the idle timeout
+``serve_budget``       the server-wide budget of live sessions and snapshots, derived from the host
+``serve_payloads``     the request and answer bodies (OpenEnv's shapes)
+``serve_command``      the command line's options (imports no server package)
+``env_client``         `EnvClient`, the server's Python client (httpx)
 ``skyrl_env``          `TraceGymSkyRLEnv`, a skyrl-gym ``BaseTextEnv`` (id ``trace-gym``), with snapshot/restore
 =====================  ==========================================================================================
 
 Adapters that play a model live with what they need: the verifiers taskset and harness with the policies
 (``trace_gym.agents.vf_env``, ``vf-eval trace_gym_verifiers``), TRL's ``rollout_func`` with the trained model
 and the collector (``trace_gym.training.integrations.trl_rollout``). Importing this package imports none of
-the frameworks; each module imports its own (``pip install 'trace-gym[skyrl]'`` or ``[integrations]``).
-docs/integrations.md has an example of each.
+the frameworks; each module imports its own (``pip install 'trace-gym[skyrl]'``, ``[integrations]`` or
+``[serve]``). docs/integrations.md has an example of each.
 """

@@ -18,8 +18,9 @@ from trace_gym.env_specs import env_factory
 ROOT = Path(__file__).resolve().parents[3]
 DOC = (ROOT / "docs" / "integrations.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC, flags=re.DOTALL)
-EXPECTED = {"EnvServer": "branch rewards: 1.0, 0.0", "skyrl_gym": "1.0 True 0.0", "GRPOTrainer": "2 ["}
-NEEDS = {"EnvServer": None, "skyrl_gym": "skyrl_gym", "GRPOTrainer": "trl"}
+EXPECTED = {"env.branch": "branch rewards: 1.0, 0.0", "GenericEnvClient": "1.0 True 2", "skyrl_gym": "1.0 True 0.0",
+            "GRPOTrainer": "2 ["}
+NEEDS = {"env.branch": "fastapi", "GenericEnvClient": "openenv", "skyrl_gym": "skyrl_gym", "GRPOTrainer": "trl"}
 
 
 def run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
