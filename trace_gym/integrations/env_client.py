@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trace_gym.errors import ConfigError, ServerError
+from trace_gym.errors import ConfigError, ServerError, SetupError
 
 try:
     import httpx
 except ImportError:
-    raise ConfigError("expected httpx (the env client's HTTP library), got none; fix: pip install "
+    raise SetupError("expected httpx (the env client's HTTP library), got none; fix: pip install "
                       "'trace-gym[serve]'") from None
 
 __all__ = ["EnvClient", "RemoteEnv"]
@@ -101,7 +101,7 @@ class RemoteEnv:
         return obs["text"], obs
 
     def branch(self, handle: str) -> RemoteEnv:
-        """A new session of the server restored to ``handle`` (this session's snapshot), independent of this one."""
+        """A new session of the server restored to ``handle`` (a snapshot taken here), independent of this one."""
         out, headers = self.client.request("POST", "/branch", {"snapshot": handle}, self._session())
         branch = RemoteEnv(self.client, headers[SESSION_HEADER])
         branch.tools = out["observation"]["tools"]

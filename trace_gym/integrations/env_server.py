@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from trace_gym.env import TextEnv
-from trace_gym.env_specs import EnvFactory, resolve_env_spec
-from trace_gym.errors import ConfigError, SnapshotError, UserError
+from trace_gym.env_specs import EnvFactory, resolve_env_spec, spec_class
+from trace_gym.errors import ConfigError, SetupError, SnapshotError, UserError
 
 try:
     import uvicorn
@@ -60,7 +60,7 @@ try:
     from fastapi.responses import JSONResponse
     from pydantic import ValidationError
 except ImportError as exc:  # one line with the fix, not a traceback into the import
-    raise ConfigError(f"expected the env server's packages (fastapi, uvicorn, websockets), got no {exc.name}; "
+    raise SetupError(f"expected the env server's packages (fastapi, uvicorn, websockets), got no {exc.name}; "
                       "fix: pip install 'trace-gym[serve]'") from None
 
 import trace_gym
@@ -112,13 +112,10 @@ class ServeLimits:
 def served_env_class(spec: str) -> type[TextEnv]:
     """The env class ``spec`` names, checked to be a ``TextEnv`` subclass before anything of it is called (the
     spec's module is imported: the operator chose it)."""
-    import gymnasium as gym
-
-    env_spec = resolve_env_spec(spec)
-    entry = env_spec.entry_point
-    creator = entry if callable(entry) else gym.envs.registration.load_env_creator(entry) if entry else None
-    if not (isinstance(creator, type) and issubclass(creator, TextEnv)):
-        what = creator.__name__ if isinstance(creator, type) else type(creator).__name__
+    creator = spec_class(spec)
+    if creator is None or not issubclass(creator, TextEnv):
+        entry = resolve_env_spec(spec).entry_point
+        what = getattr(creator, "__name__", None) or getattr(entry, "__name__", None) or type(entry).__name__
         raise ConfigError(f"expected {spec} to name a trace_gym env class (a TextEnv subclass), got {what}; fix: "
                           "serve a registered id (trace-gym envs lists them) or module:Class of your env")
     return creator
@@ -163,13 +160,12 @@ def build_app(spec: str, env_args: Mapping[str, Any] | None, budget: LiveBudget,
     one env is built and closed)."""
     env_class = served_env_class(spec)
     factory = EnvFactory(spec, dict(env_args or {}))
-    probe = EnvSession(factory)  # the operator's arguments fail now, with their fix, not at a client's request
-    tools = probe.tools
-    probe.close()
+    first = EnvSession(factory)  # the operator's arguments fail now, with their fix, not at a client's request
+    tools = first.tools
     doc = inspect.getdoc(env_class) or env_class.__name__
     metadata = Metadata(name=spec, description=doc.split("\n\n")[0].replace("\n", " "),
                         version=trace_gym.__version__, author="trace-gym")
-    table = SessionTable(factory, budget, limits.session_idle_s)
+    table = SessionTable(factory, budget, limits.session_idle_s, spare=first)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -34,7 +34,8 @@ def unit_footprint(env_class: type) -> Footprint:
     """What one live unit of ``env_class`` costs: its branching footprint (a session with snapshots), else
     `PLAIN_UNIT`."""
     declared = getattr(env_class, "host_footprint", None)
-    return declared(True) if callable(declared) else PLAIN_UNIT
+    footprint = declared(True) if callable(declared) else None
+    return footprint if footprint is not None else PLAIN_UNIT
 
 
 def _cgroup_memory_room() -> int | None:

@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="the env to serve: a registered id (trace-gym envs), "
                                                      "module:id or module:Class")
     parser.add_argument("--env-args", default="{}", help="its constructor's arguments as a JSON object")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only; anything "
-                                                            "else needs a token)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback only by default; "
+                                                            "anything else needs a token)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--token-file", help="a file of tokens, one a line (each client its own); also "
                                              f"${TOKEN_VARIABLE}")

@@ -78,7 +78,7 @@ class EpisodeState(BaseModel):
 
 
 class HandleRequest(_Strict):
-    snapshot: str = Field(max_length=100, description="a handle that POST /snapshot returned in this session")
+    snapshot: str = Field(max_length=100, description="a handle that POST /snapshot returned for the same session")
 
 
 class HandleResponse(BaseModel):

@@ -47,10 +47,11 @@ class Live:
 
 
 class SessionTable:
-    """The open sessions of one server, all of ``factory``'s env, within ``budget``."""
+    """The open sessions of one server, all of ``factory``'s env, within ``budget``; ``spare``: an env built
+    already (the server's check of the operator's arguments), the first session's."""
 
-    def __init__(self, factory: EnvFactory, budget: LiveBudget, idle_s: float):
-        self.factory, self.budget, self.idle_s = factory, budget, idle_s
+    def __init__(self, factory: EnvFactory, budget: LiveBudget, idle_s: float, spare: EnvSession | None = None):
+        self.factory, self.budget, self.idle_s, self.spare = factory, budget, idle_s, spare
         self._live: dict[str, Live] = {}
         self._unlisted: set[Live] = set()
 
@@ -60,8 +61,10 @@ class SessionTable:
     async def open(self, owner: str, listed: bool = True) -> Live:
         """A new session of ``owner``; ``listed=False`` for a WebSocket's, which no id reaches."""
         self.budget.take("session")
+        session, self.spare = self.spare, None
         try:
-            session = await to_thread.run_sync(EnvSession, self.factory)
+            if session is None:
+                session = await to_thread.run_sync(EnvSession, self.factory)
         except BaseException:
             self.budget.give()
             raise
@@ -148,6 +151,9 @@ class SessionTable:
     async def close_all(self) -> None:
         for live in [*self._live.values(), *self._unlisted]:
             await self.close(live)
+        if self.spare is not None:
+            await to_thread.run_sync(self.spare.close)
+            self.spare = None
 
 
 def _observation(out: dict[str, Any], messages: list[dict[str, Any]], **extra: Any) -> TurnObservation:

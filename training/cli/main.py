@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "evaluate any policy, or a run's checkpoint, on an env (success, 95% interval)"),
     "view": ("trace_gym.training.cli.views", "write a self-contained HTML page of rollout trees"),
     "plot": ("trace_gym.training.cli.views", "write PNG plots of a training run's metrics"),
+    "serve": ("trace_gym.training.cli.serve", "serve an env on OpenEnv's protocol, with snapshot, restore and branch"),
 }
 
 # Optional packages -> the extra that installs them (a missing one is the user's to install, not a bug).

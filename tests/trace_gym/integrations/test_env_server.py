@@ -129,10 +129,13 @@ def test_a_handle_of_a_started_episode_only_and_a_stale_one_is_a_400(client):
         env.release("s404")
 
 
-def test_the_module_runs_as_a_server_process(tmp_path):
+def test_trace_gym_serve_runs_the_server_and_refuses_a_spec_that_is_not_an_env(tmp_path):
+    command = str(Path(sys.executable).parent / "trace-gym")
+    refused = subprocess.run([command, "serve", "--env", "os:system"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: expected os:system to name a trace_gym")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trace_gym.integrations.env_server", "--env", ENTRY_POINT,
-                             "--env-args", '{"n_tasks": 2}', "--port", str(port)],
+    proc = subprocess.Popen([command, "serve", "--env", ENTRY_POINT, "--env-args", '{"n_tasks": 2}', "--port",
+                             str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=_root())
     try:
         client = EnvClient(f"http://127.0.0.1:{port}")
@@ -174,11 +177,11 @@ def test_openenvs_generic_client_plays_a_whole_episode_with_the_expert(server):
             state = env.state()
             assert result.reward == 1.0 and state["episode_id"] == f"ep{index}" and state["step_count"] == 2
             assert state["messages"][2:] == chat[2:] and server.sessions == 1
+        deadline = time.monotonic() + 30
+        while server.sessions and time.monotonic() < deadline:  # a connection's session closes with it
+            time.sleep(0.05)
+        assert server.sessions == 0
     local.close()
-    deadline = time.monotonic() + 30
-    while server.sessions and time.monotonic() < deadline:  # a connection's session closes with it
-        time.sleep(0.05)
-    assert server.sessions == 0
 
 
 def test_the_websocket_keeps_branching_and_answers_mistakes(server):
