@@ -5,6 +5,7 @@ library would tidy the request up)."""
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import socket
@@ -172,6 +173,12 @@ def test_a_server_with_tokens_answers_only_requests_that_present_one():
         # OpenEnv's client sends no header of its own: the token rides in the URL's user info (Basic).
         ws = _ws_exchange(server.url.replace("://", f"://client:{TOKEN_A}@"), {"type": "reset", "data": {}})
         assert ws["type"] == "observation"
+        if importlib.util.find_spec("openenv") is not None:  # OpenEnv's validator, with the token and without
+            openenv = str(Path(sys.executable).parent / "openenv")
+            reports = [json.loads(subprocess.run([openenv, "validate", "--url", url, "--json"], capture_output=True,
+                                                 text=True, timeout=120).stdout)
+                       for url in (server.url.replace("://", f"://client:{TOKEN_B}@"), server.url)]
+            assert [r["passed"] for r in reports] == [True, False]
 
 
 # ----------------------------------------------------------------------------------------------- sessions
