@@ -61,19 +61,39 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _pids_cgroup() -> tuple[int, int] | None:
-    """(pids.max, pids.current) of this process's cgroup when it has a pids limit."""
+def _cgroups() -> list[tuple[str, str]]:
+    """(controllers, path) of each hierarchy this process belongs to (``""`` controllers: cgroup v2)."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        base = "/sys/fs/cgroup" + ("" if controllers == "" else "/pids") + path.rstrip("/")
+        return []
+    return [(controllers, path.rstrip("/")) for _, controllers, path in (line.split(":", 2) for line in lines)]
+
+
+def _pids_cgroup() -> tuple[int, int] | None:
+    """(pids.max, pids.current) of this process's cgroup when it has a pids limit."""
+    for controllers, path in _cgroups():
+        base = "/sys/fs/cgroup" + ("" if controllers == "" else "/pids") + path
         if controllers in ("", "pids") and os.path.exists(base + "/pids.max"):
             limit, current = _read_int(base + "/pids.max"), _read_int(base + "/pids.current")
             if limit is not None and current is not None:
                 return limit, current
+    return None
+
+
+def _cgroup_memory_room() -> int | None:
+    """Memory this process's cgroup still allows (v2 memory.max, else v1 memory.limit_in_bytes), or None."""
+    for controllers, path in _cgroups():
+        if controllers == "":
+            limit, usage = f"/sys/fs/cgroup{path}/memory.max", f"/sys/fs/cgroup{path}/memory.current"
+        elif "memory" in controllers.split(","):
+            limit, usage = (f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes",
+                            f"/sys/fs/cgroup/memory{path}/memory.usage_in_bytes")
+        else:
+            continue
+        cap, used = _read_int(limit), _read_int(usage)
+        if cap is not None and used is not None and cap < 1 << 60:  # "max" or a page-rounded 2^63: no limit
+            return max(0, cap - used)
     return None
 
 
@@ -115,14 +135,17 @@ def check_host(needs: HostNeeds) -> list[str]:
 
 
 def available_memory() -> int | None:
-    """The kernel's estimate of the memory that new work can take without swapping (MemAvailable), or None."""
+    """The memory that new work can take without swapping: the kernel's estimate (MemAvailable), or this process's
+    cgroup's room when that is less; None when neither can be read."""
+    found = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                found = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    rooms = [m for m in (found, _cgroup_memory_room()) if m is not None]
+    return min(rooms) if rooms else None
 
 
 def ensure_host(needs: HostNeeds) -> None:

@@ -2,7 +2,7 @@
 can keep an env's OS resources alive (a sandboxed env's session holds a lineage, and each native snapshot a
 frozen fork of it). The budget is derived from this host when the server starts: the largest count whose total
 footprint (the env's ``host_footprint``, `trace_gym.limits`) passes every OS limit `check_host` checks and takes
-at most ``share`` of the memory available (the kernel's estimate, or this cgroup's room when that is less).
+at most ``share`` of the memory available (`trace_gym.limits.available_memory`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 import resource
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
+from trace_gym.env import TextEnv
 from trace_gym.errors import UserError
 from trace_gym.limits import Footprint, HostNeeds, available_memory, check_host
 
@@ -33,33 +33,8 @@ class BudgetFull(UserError):
 def unit_footprint(env_class: type) -> Footprint:
     """What one live unit of ``env_class`` costs: its branching footprint (a session with snapshots), else
     `PLAIN_UNIT`."""
-    declared = getattr(env_class, "host_footprint", None)
-    footprint = declared(True) if callable(declared) else None
+    footprint = env_class.host_footprint(True) if issubclass(env_class, TextEnv) else None
     return footprint if footprint is not None else PLAIN_UNIT
-
-
-def _cgroup_memory_room() -> int | None:
-    """Memory this process's cgroup still allows (v2 memory.max, else v1 memory.limit_in_bytes), or None."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            limit, usage = f"/sys/fs/cgroup{path}/memory.max", f"/sys/fs/cgroup{path}/memory.current"
-        elif "memory" in controllers.split(","):
-            base = f"/sys/fs/cgroup/memory{path}"
-            limit, usage = f"{base}/memory.limit_in_bytes", f"{base}/memory.usage_in_bytes"
-        else:
-            continue
-        try:
-            cap, used = Path(limit).read_text().strip(), int(Path(usage).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if cap.isdigit() and int(cap) < 1 << 60:  # "max" or a page-rounded 2^63: no limit
-            return max(0, int(cap) - used)
-    return None
 
 
 def _raise_descriptor_limit() -> None:
@@ -84,9 +59,9 @@ def host_budget(footprint: Footprint, connections: int, share: float = 0.5) -> i
     while low < high:  # the largest n that fits (check_host is monotone in n)
         mid = (low + high + 1) // 2
         low, high = (mid, high) if fits(mid) else (low, mid - 1)
-    rooms = [m for m in (available_memory(), _cgroup_memory_room()) if m is not None]
-    if rooms and footprint.memory_bytes > 0:
-        low = min(low, math.floor(share * min(rooms) / footprint.memory_bytes))
+    room = available_memory()
+    if room is not None and footprint.memory_bytes > 0:
+        low = min(low, math.floor(share * room / footprint.memory_bytes))
     return low
 
 
