@@ -9,13 +9,23 @@ assistant turn this format wrote is sent back as the exact message the server ga
 one it did not write (an expert's, a resumed history) is parsed with the env's parser and given ids
 ``call_<turn>_<k>``; each tool result goes back with the id of the call it answers, in order.
 
+As the OpenAI API defines it, an assistant message without tool calls is the final answer: its content becomes
+the env's answer action (``parser.format_answer``), so a model that ends with a plain reply is scored on it. The
+env's system message goes in its native form (`ToolEnv.native_system_message`): the server renders the tools'
+schemas from ``tools``, and the text format's instructions (``<tools>...</tools>``, "write ``<tool_call>``") would
+teach the model the wrong form.
+
 Choices:
 1. A call whose name is not a string, or a ``tool_calls`` entry that is not an object, is a server that does not
-   speak the OpenAI form: `ServerError`. A call the env cannot run (an unknown tool, arguments that are not JSON
-   or that the env's action format cannot write) is the model's mistake: it is written in the Hermes form, which
-   the env's parser then rejects with an error observation, as it would the same mistake in text.
+   speak the OpenAI form: `ServerError`; so is a message with neither text content nor tool calls. A call the env
+   cannot run (an unknown tool, arguments that are not JSON or that the env's action format cannot write) is the
+   model's mistake: it is written in the Hermes form, which the env's parser then rejects with an error
+   observation, as it would the same mistake in text.
 2. Text before the calls (``content`` beside ``tool_calls``) stays in front of them in the action.
-3. A tool result without a call to answer (after an assistant turn that made none: the env answered a malformed
+3. A final answer that already reads as the env's answer (``<answer>...</answer>``, the form an env's own prompt
+   may ask for) goes as written; any other is wrapped, with the markup of the env's format that it holds made
+   inert (``<python>`` becomes ``&lt;python>``), so that no answer text can turn into a tool call.
+4. A tool result without a call to answer (after an assistant turn that made none: the env answered a malformed
    turn) goes as a user message, which every server accepts.
 """
 
@@ -48,6 +58,8 @@ class ToolFormat:
 
     tools: tuple[Tool, ...]
     parser: ActionParser
+    system: tuple[str, str] | None = None
+    """The env's system message and its native form: `wire_messages` sends the second in place of the first."""
 
     def __post_init__(self) -> None:
         self.tools = tuple(dataclasses.replace(t, fn=_never) for t in self.tools)  # keep no reference to the env
@@ -62,36 +74,60 @@ class ToolFormat:
         tool_map, parser = getattr(base, "tool_map", None), getattr(base, "parser", None)
         if not tool_map or parser is None or not callable(getattr(parser, "format", None)):
             return None
-        return cls(tuple(tool_map.values()), parser)
+        native = getattr(base, "native_system_message", None)
+        system = (base.system_message(), native()) if callable(native) else None
+        return cls(tuple(tool_map.values()), parser, system)
 
     def schemas(self) -> list[dict[str, Any]]:
         """The ``tools`` field of a request: each tool's OpenAI function schema."""
         return [t.schema() for t in self.tools]
 
     # ----------------------------------------------------------------- answer -> action
-    def action(self, message: Mapping[str, Any], where: str = "the response") -> str | None:
-        """The env's action text for an assistant ``message`` with ``tool_calls`` (None when it has none, so that
-        its ``content`` is the action); remembered, so that the next request sends the message back as it was."""
+    def action(self, message: Mapping[str, Any], where: str = "the response") -> str:
+        """The env's action text for an assistant ``message``: its ``tool_calls`` in the env's format, else its
+        ``content`` as the final answer (`answer`); remembered, so that the next request sends the message back as
+        the server gave it."""
         calls = message.get("tool_calls")
+        content = message.get("content")
         if not calls:
-            return None
+            if not isinstance(content, str):
+                raise ServerError(f"expected message.content text or message.tool_calls in {where}, got neither "
+                                  f"(message keys {sorted(message)}); fix: check the server's tool-call parser "
+                                  "(vllm serve --enable-auto-tool-choice --tool-call-parser hermes) or use "
+                                  "tool_calls='text'")
+            action = self.answer(content)
+            self._remember(action, {"role": "assistant", "content": content})
+            return action
         if not isinstance(calls, list):
             raise ServerError(f"expected message.tool_calls to be a list in {where}, got {type(calls).__name__}; "
                               "fix: check that the server speaks the OpenAI chat-completions form")
         parsed = [_wire_call(c, k, where) for k, c in enumerate(calls)]
         texts = [self._write(name, raw) for _, name, raw in parsed]
-        content = message.get("content")
         prefix = content if isinstance(content, str) and content.strip() else ""
         action = prefix + ("" if not prefix or prefix.endswith("\n") else "\n") + "\n".join(texts)
-        wire = {"role": "assistant", "content": prefix or None,
-                "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": raw}}
-                               for cid, name, raw in parsed]}
+        self._remember(action, {"role": "assistant", "content": prefix or None,
+                                "tool_calls": [{"id": cid, "type": "function",
+                                                "function": {"name": name, "arguments": raw}}
+                                               for cid, name, raw in parsed]})
+        return action
+
+    def answer(self, content: str) -> str:
+        """The env's final-answer action for the plain reply ``content`` (choice 3)."""
+        parsed = self.parser.parse(content, self._by_name)
+        if parsed.error is None and parsed.answer is not None and not parsed.calls:
+            return content
+        text = content.strip()
+        for name in ("answer", "tool_call", *self._by_name):
+            for marker in (f"<{name}>", f"</{name}>"):
+                text = text.replace(marker, "&lt;" + marker[1:])
+        return self.parser.format_answer(text)
+
+    def _remember(self, action: str, wire: dict[str, Any]) -> None:
         with self._lock:
             self._sent[action] = wire
             self._sent.move_to_end(action)
             while len(self._sent) > _MEMORY:
                 self._sent.popitem(last=False)
-        return action
 
     def _write(self, name: str, raw: str) -> str:
         """One call as the env's parser writes it; the Hermes form when it cannot (choice 1)."""
@@ -109,8 +145,8 @@ class ToolFormat:
 
     # ----------------------------------------------------------------- history -> request
     def wire_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """The env's chat ``messages`` in the OpenAI form: assistant turns with their ``tool_calls``, each tool
-        result with the ``tool_call_id`` of the call it answers (module docstring)."""
+        """The env's chat ``messages`` in the OpenAI form: the native system message, assistant turns with their
+        ``tool_calls``, each tool result with the ``tool_call_id`` of the call it answers (module docstring)."""
         out: list[dict[str, Any]] = []
         pending: list[str] = []
         turn = 0
@@ -125,6 +161,9 @@ class ToolFormat:
                 out.append({"role": "tool", "tool_call_id": pending.pop(0), "content": str(content or "")})
             elif role == "tool":
                 out.append({"role": "user", "content": str(content or "")})
+            elif role == "system" and self.system is not None and content == self.system[0]:
+                pending = []
+                out.append({"role": "system", "content": self.system[1]})
             else:
                 pending = []
                 out.append({k: v for k, v in m.items() if k in ("role", "content", "name")})

@@ -1,34 +1,41 @@
-"""OpenAI-compatible HTTP backend (a `vllm serve` or SGLang server the user runs), standard library only.
+"""OpenAI-compatible HTTP backend (a `vllm serve` or SGLang server the user runs, or a hosted API), over the
+`openai` SDK's client (its connection pool, timeouts and retries).
 
 Token-id prompts (and message prompts when a local tokenizer is given) go to `/v1/completions` with the ids
 as the prompt: the model writes its tool calls as text and the env parses them. Message prompts otherwise go to
 `/v1/chat/completions`. There, with ``tool_calls="native"`` and the env's `ToolFormat` (`policy_from_spec`
-reads it from the env), the request carries the env's tool schemas as ``tools``, the history goes in the
-OpenAI form (assistant ``tool_calls``, results with their ``tool_call_id``) and an answer's
-``message.tool_calls`` become the env's action text (agents/native_tools.py); with ``tool_calls="text"`` the
-messages go as the env wrote them and the answer's ``content`` is the action. An answer with neither content
-nor tool calls, or tool calls the policy has no format for, raises `ServerError`: it is never read as an
-empty turn. With
-`server="vllm"` the request asks for `return_tokens_as_token_ids`, so generations carry exact token ids, and
-passes vLLM's extra sampling fields (top_k, min_tokens, include_stop_str_in_output). Each (request, sample)
-pair is one HTTP call with its own seed; at most `concurrency` calls are in flight at once, over all threads
-that share the policy (a trainer's env workers, several evaluations). Transient failures (connection errors,
-timeouts, 408/429/5xx) are retried with exponential backoff and jitter, waiting at least as long as a
-`Retry-After` header asks (capped at `max_wait`); other failures and malformed responses raise `ServerError`
-at once, with the server's message.
+reads it from the env), the request carries the env's tool schemas as ``tools``, the env's native system
+message, the history in the OpenAI form (assistant ``tool_calls``, results with their ``tool_call_id``); an
+answer's ``message.tool_calls`` become the env's action text and a message without tool calls is the final
+answer (agents/native_tools.py). With ``tool_calls="text"`` the messages go as the env wrote them and the
+answer's ``content`` is the action. An answer with neither content nor tool calls, or tool calls the policy has
+no format for, raises `ServerError`: it is never read as an empty turn.
+
+Requests carry the standard fields only, unless the server is vLLM (``server="vllm"``, or ``"auto"`` and the
+server's ``GET /models`` says ``owned_by: vllm``): then they ask for ``return_tokens_as_token_ids`` (exact
+token ids) and pass vLLM's extra sampling fields (top_k, min_tokens, include_stop_str_in_output). Each (request,
+sample) pair is one HTTP call with its own seed; at most `concurrency` calls are in flight at once, over all
+threads that share the policy (a trainer's env workers, several evaluations).
+
+Failures: transient ones (connection errors and timeouts once the server has answered, 408/409/429/5xx) are
+retried by the SDK with exponential backoff, honouring ``Retry-After``; each retry is logged as a warning
+(logger ``trace_gym.agents.openai_backend``, on stderr by default) with its count, so that a slow server is
+seen waiting. A server never reached (connection refused, unknown host, connect timeout) is not retried: the
+error says so at once. After the retries, or for a refused request (4xx), `ServerError` carries the server's
+message; a caller that plays many episodes (`trace-gym eval`) records it for that episode and goes on.
 """
 
 from __future__ import annotations
 
 import json
-import random
+import logging
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
+
+import httpx
+import openai
 
 from trace_gym.agents.chat import encode, render_prompt
 from trace_gym.agents.native_tools import ToolFormat
@@ -38,40 +45,75 @@ from trace_gym.errors import ConfigError, ServerError
 __all__ = ["RETRY_STATUS", "OpenAIPolicy", "ServerError"]
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+"""Statuses worth a retry (the SDK retries these and every other 5xx)."""
+CONNECT_TIMEOUT = 5.0
+"""Seconds to open a connection: a host that does not answer within it is unreachable, not slow."""
+
+log = logging.getLogger(__name__)
+Server = Literal["auto", "vllm", "openai"]
 
 
 class OpenAIPolicy:
     """`Policy` over an OpenAI-compatible server at `base_url` (e.g. "http://127.0.0.1:8000/v1")."""
 
     def __init__(self, base_url: str, model: str, tokenizer=None, api_key: str | None = None,
-                 server: Literal["vllm", "openai"] = "vllm", timeout: float = 120.0, max_retries: int = 5,
-                 backoff: float = 0.5, concurrency: int = 16, max_wait: float = 60.0,
+                 server: Server = "auto", timeout: float = 120.0, max_retries: int = 5, concurrency: int = 16,
                  tool_calls: Literal["native", "text"] = "native", tool_format: ToolFormat | None = None):
         if concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise ConfigError(f"expected concurrency >= 1, max_retries >= 0, timeout > 0, got {concurrency}, "
                               f"{max_retries}, {timeout}")
         if tool_calls not in ("native", "text"):
             raise ConfigError(f"expected tool_calls 'native' or 'text', got {tool_calls!r}")
+        if server not in ("auto", "vllm", "openai"):
+            raise ConfigError(f"expected server 'auto', 'vllm' or 'openai', got {server!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
         self.api_key = api_key
         self.server = server
+        """"auto" until the first request asks the server what it is, then "vllm" or "openai"."""
         self.timeout = timeout
         self.max_retries = max_retries
-        self.backoff = backoff
         self.concurrency = concurrency
-        self.max_wait = max_wait
         self.tool_calls = tool_calls
         self.tool_format = tool_format
         """The env's tools and action parser, for native tool calls (`ToolFormat.of_env(env)`)."""
+        self.reached = False
+        """Whether the server has answered once; before that a connection error is not retried."""
         self._slots = threading.BoundedSemaphore(concurrency)  # the in-flight limit, shared by every caller
+        self._detect = threading.Lock()
+        http = httpx.Client(transport=_ReportingTransport(self),
+                            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+                            timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT)))
+        # No key: the SDK wants one, and "EMPTY" is what vLLM's docs pass to a server started without --api-key.
+        self._client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "EMPTY", max_retries=max_retries,
+                                     timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT)),
+                                     http_client=http)
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
         """Sample ``sampling.n`` continuations of every request (the ``Policy`` contract), one HTTP call each."""
+        self._resolve_server()
         keys = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(len(keys), 1))) as pool:
             return list(pool.map(lambda key: self._one(requests[key[0]], sampling, *key), keys))
+
+    def _resolve_server(self) -> None:
+        """Settle ``server="auto"``: vLLM when its model list says so, else the standard fields only."""
+        if self.server != "auto":
+            return
+        with self._detect:
+            if self.server != "auto":
+                return
+            try:
+                listed = self._request("/models", None).get("data")
+            except ServerError as exc:
+                if not self.reached:
+                    raise
+                log.warning("%s: GET /models failed (%s); sending the standard OpenAI fields only", self.base_url,
+                            exc)
+                listed = []
+            owners = {m.get("owned_by") for m in listed or [] if isinstance(m, dict)}
+            self.server = "vllm" if "vllm" in owners else "openai"
 
     def _one(self, req: Request, sampling: SamplingParams, i: int, j: int) -> Generation:
         body: dict[str, Any] = {"model": self.model, "n": 1, "temperature": sampling.temperature,
@@ -90,13 +132,13 @@ class OpenAIPolicy:
             prompt_ids = encode(self.tokenizer, render_prompt(self.tokenizer, req.messages or [], req.tools))
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, logprobs=1)
-            choice = _first_choice(self._post("/completions", body), "/completions")
+            choice = _first_choice(self._request("/completions", body), "/completions")
             lp = choice.get("logprobs") or {}
             tokens, logps = lp.get("tokens") or [], lp.get("token_logprobs") or []
             text = choice.get("text") or ""
         else:
             body.update(logprobs=True, top_logprobs=0, **self._chat_fields(req))
-            choice = _first_choice(self._post("/chat/completions", body), "/chat/completions")
+            choice = _first_choice(self._request("/chat/completions", body), "/chat/completions")
             content = (choice.get("logprobs") or {}).get("content") or []
             tokens, logps = [c["token"] for c in content], [c["logprob"] for c in content]
             text = self._action(choice)
@@ -122,23 +164,23 @@ class OpenAIPolicy:
         return fields
 
     def _action(self, choice: dict[str, Any]) -> str:
-        """The env's action text of a chat answer: its tool calls in the env's format, else its content."""
+        """The env's action text of a chat answer: through the env's `ToolFormat` when native (its tool calls, else
+        its content as the final answer), else its content."""
         message = choice.get("message")
+        where = "the response of /chat/completions"
         if not isinstance(message, dict):
-            raise ServerError(f"expected choices[0].message in the response of /chat/completions, got keys "
-                              f"{sorted(choice)}; fix: check that the server is OpenAI-compatible")
+            raise ServerError(f"expected choices[0].message in {where}, got keys {sorted(choice)}; fix: check that "
+                              "the server is OpenAI-compatible")
+        if self.tool_calls == "native" and self.tool_format is not None:
+            return self.tool_format.action(message, where)
         if message.get("tool_calls"):
-            if self.tool_format is None:
-                raise ServerError("expected a text answer, got message.tool_calls, which this policy has no env tool "
-                                  "format to map; fix: --tool-calls native (in Python: policy_from_spec(..., "
-                                  "make_env=...) or OpenAIPolicy(tool_format=ToolFormat.of_env(env)))")
-            return self.tool_format.action(message, "the response of /chat/completions")  # type: ignore[return-value]
+            raise ServerError("expected a text answer, got message.tool_calls, which this policy has no env tool "
+                              "format to map; fix: --tool-calls native (in Python: policy_from_spec(..., "
+                              "make_env=...) or OpenAIPolicy(tool_format=ToolFormat.of_env(env)))")
         content = message.get("content")
         if not isinstance(content, str):
-            raise ServerError(f"expected message.content text or message.tool_calls in the response of "
-                              f"/chat/completions, got neither (message keys {sorted(message)}); fix: check the "
-                              "server's tool-call parser (vllm serve --enable-auto-tool-choice --tool-call-parser "
-                              "hermes) or use tool_calls='text'")
+            raise ServerError(f"expected message.content text in {where}, got none (message keys "
+                              f"{sorted(message)}); fix: check that the server is OpenAI-compatible")
         return content
 
     def models(self) -> list[str]:
@@ -146,50 +188,81 @@ class OpenAIPolicy:
         data = self._request("/models", None)
         return [str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._request(path, json.dumps(body).encode())
+    def _request(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        """POST ``body`` (GET when None) to ``path``, the SDK retrying what is transient; the JSON object of the
+        answer, else `ServerError` with the server's message and the fix."""
+        url = self.base_url + path
+        try:
+            with self._slots:
+                if body is None:
+                    response = self._client.get(path, cast_to=httpx.Response)
+                else:
+                    response = self._client.post(path, body=body, cast_to=httpx.Response)
+                raw = response.read()
+        except _Unreachable as exc:
+            raise ServerError(f"expected a server at {self.base_url}, got {exc.reason} (not retried: it never "
+                              "answered); fix: start the server, wait until GET /models answers, or correct the "
+                              "base URL (it usually ends in /v1)") from None
+        except openai.APIStatusError as exc:
+            detail = f"HTTP {exc.status_code}: {exc.response.text[:500]}"
+            if exc.status_code in RETRY_STATUS or exc.status_code >= 500:
+                raise ServerError(f"expected an answer from {url}, got {detail} (after {self.max_retries} retries); "
+                                  "fix: check that the server is up and serves this model") from None
+            raise ServerError(f"expected an answer from {url}, got {detail} (refused, not retried); fix: "
+                              f"{_refusal_fix(detail, body)}") from None
+        except openai.APIConnectionError as exc:  # APITimeoutError included
+            cause = exc.__cause__ or exc
+            raise ServerError(f"expected a response from {url}, got {type(cause).__name__}: {cause} (after "
+                              f"{self.max_retries} retries); fix: check that the server is up and serves this "
+                              "model") from None
+        try:
+            out = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            out = None
+        if not isinstance(out, dict):
+            raise ServerError(f"expected a JSON object from {url}, got {raw[:200]!r}; fix: check that the base "
+                              "URL points at an OpenAI-compatible API (it usually ends in /v1)")
+        return out
 
-    def _request(self, path: str, data: bytes | None) -> dict[str, Any]:
-        """POST ``data`` (GET when None) to ``path`` with retries; the parsed JSON object of the response."""
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        url, last, wait = self.base_url + path, "", 0.0
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(max(wait, self.backoff * 2 ** (attempt - 1) * (0.5 + random.random())))
-            wait = 0.0
-            try:
-                req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-                with self._slots, urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    raw = resp.read()
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"
-                if exc.code not in RETRY_STATUS:
-                    fix = "check the model name and the request settings"
-                    if "context length" in last.lower():
-                        fix = ("the conversation outgrew the server's context; serve with a longer context "
-                               "(vllm serve --max-model-len), or lower --max-new-tokens or the env's max_turns")
-                    elif b'"tools"' in (data or b"") and "tool" in last.lower():
-                        fix = ("serve with a tool-call parser (vllm serve --enable-auto-tool-choice --tool-call-parser "
-                               "hermes), or send calls as text (--tool-calls text)")
-                    raise ServerError(f"expected an answer from {url}, got {last} (refused, not retried); "
-                                      f"fix: {fix}") from None
-                wait = min(_retry_after(exc.headers.get("Retry-After")), self.max_wait)
-                continue
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
-                continue
-            try:
-                out = json.loads(raw)
-            except json.JSONDecodeError:
-                out = None
-            if not isinstance(out, dict):
-                raise ServerError(f"expected a JSON object from {url}, got {raw[:200]!r}; fix: check that the base "
-                                  "URL points at an OpenAI-compatible API (it usually ends in /v1)")
-            return out
-        raise ServerError(f"expected a response from {url}, got {last} (after {self.max_retries} retries); fix: "
-                          "check that the server is up and serves this model")
+
+class _Unreachable(openai.APIConnectionError):
+    """A server that has never answered refused or dropped the connection: the SDK does not retry its own
+    errors, so this ends the request at once."""
+
+    def __init__(self, reason: str, request: httpx.Request):
+        super().__init__(message=reason, request=request)
+        self.reason = reason
+
+
+class _ReportingTransport(httpx.HTTPTransport):
+    """httpx's transport, telling the policy's log of each failed attempt the SDK will retry, and ending at once
+    the requests to a server that never answered."""
+
+    def __init__(self, policy: OpenAIPolicy):
+        super().__init__()
+        self.policy = policy
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        taken = int(request.headers.get("x-stainless-retry-count", "0") or 0)
+        try:
+            response = super().handle_request(request)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if not self.policy.reached:
+                raise _Unreachable(f"{type(exc).__name__}: {exc or 'no connection'}", request) from exc
+            self._report(request, f"{type(exc).__name__}: {exc}", taken)
+            raise
+        except httpx.TransportError as exc:
+            self._report(request, f"{type(exc).__name__}: {exc or 'no answer'}", taken)
+            raise
+        self.policy.reached = True
+        if response.status_code in RETRY_STATUS or response.status_code >= 500:
+            self._report(request, f"HTTP {response.status_code}", taken)
+        return response
+
+    def _report(self, request: httpx.Request, what: str, taken: int) -> None:
+        if taken < self.policy.max_retries:
+            log.warning("%s %s: %s; retry %d of %d", request.method, request.url, what, taken + 1,
+                        self.policy.max_retries)
 
 
 def _first_choice(response: dict[str, Any], path: str) -> dict[str, Any]:
@@ -200,12 +273,15 @@ def _first_choice(response: dict[str, Any], path: str) -> dict[str, Any]:
     return choices[0]
 
 
-def _retry_after(value: str | None) -> float:
-    """Seconds a ``Retry-After`` header asks for (its delta-seconds form; 0 when absent or a date)."""
-    try:
-        return max(float(value), 0.0) if value else 0.0
-    except ValueError:
-        return 0.0
+def _refusal_fix(detail: str, body: dict[str, Any] | None) -> str:
+    """The fix for a request the server refused (4xx): a context overflow, tools without a parser, else a name."""
+    if "context length" in detail.lower() or "maximum context" in detail.lower():
+        return ("the conversation outgrew the server's context; serve with a longer context (vllm serve "
+                "--max-model-len), or lower --max-new-tokens or the env's max_turns")
+    if body is not None and "tools" in body and "tool" in detail.lower():
+        return ("serve with a tool-call parser (vllm serve --enable-auto-tool-choice --tool-call-parser hermes), or "
+                "send calls as text (--tool-calls text)")
+    return "check the model name and the request settings"
 
 
 def _token_id(token: str) -> int | None:

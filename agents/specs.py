@@ -13,9 +13,10 @@ spec                   policy
 ``http(s)://HOST/v1``  that server; the model is ``options.model``, else the one model it serves
 =====================  ===========================================================================
 
-A server's tool calls are native by default (``options.tool_calls``): the env's tool schemas go as ``tools`` and
-the server's ``tool_calls`` become the env's action text (agents/native_tools.py), which needs ``make_env``;
-``"text"`` sends the messages as the env wrote them and reads the answer's text. A server's API key is read
+A server's tool calls are native by default (``options.tool_calls``), as the OpenAI API defines them: the env's
+tool schemas go as ``tools``, the server's ``tool_calls`` become the env's action text and a reply without tool
+calls is the final answer (agents/native_tools.py), which needs ``make_env``; ``"text"`` sends the messages as
+the env wrote them and reads the answer's text. A server's API key is read
 from the environment variable ``options.api_key_env`` (default
 ``OPENAI_API_KEY``; a local ``vllm serve`` needs none). A wrong spec, a folder that is not a model, a missing
 key or package raise ``ConfigError`` with the fix.
@@ -64,11 +65,13 @@ class PolicyOptions:
     tokenizer: str | None = None
     """openai: a local tokenizer folder; prompts are then rendered here and sent as token ids (exact ids
     and logprobs for training), else the server renders chat messages."""
-    server: Literal["vllm", "openai"] = "vllm"
-    """openai: "vllm" asks for vLLM's extra fields (token ids, top_k); "openai" sends the standard ones only."""
+    server: Literal["auto", "vllm", "openai"] = "auto"
+    """openai: "vllm" asks for vLLM's extra fields (token ids, top_k); "openai" sends the standard ones only;
+    "auto" asks the server (vLLM's ``GET /models`` says ``owned_by: vllm``)."""
     tool_calls: Literal["native", "text"] = "native"
-    """openai: "native" sends the env's tools and reads the answer's tool_calls (a server with a tool-call parser);
-    "text" lets the model write calls as text for the env to parse."""
+    """openai: "native" sends the env's tools and reads the answer's tool_calls, a reply without them being the
+    final answer (a server with a tool-call parser, any hosted API); "text" lets the model write calls as text for
+    the env to parse."""
     concurrency: int = 16
     """openai: most requests in flight at once (over all threads using the policy)."""
     max_retries: int = 5

@@ -22,8 +22,10 @@ from trace_gym.tools import Tool, call_tool
 
 _BASE_FIELDS = frozenset({"task", "turn_count", "messages", "observation_space", "action_space", "max_turns",
                           "max_action_chars", "render_mode", "tasks", "spec", "parser", "tool_map", "max_tool_calls",
-                          "max_result_chars"})
+                          "max_result_chars", "tool_instructions"})
 _MISSING = object()
+NATIVE_INSTRUCTIONS = ("Call the tools you are given when they help; their results come back in the next messages. "
+                       "When you know the final answer, reply with it alone, without a tool call.")
 _FINGERPRINT_BUDGET = 10_000
 
 
@@ -339,15 +341,24 @@ class ToolEnv(TextEnv):
     """
 
     system_prompt: str = "You are a helpful assistant that solves the task step by step, using tools."
+    """The task's instructions. ``system_message()`` appends the tool instructions to it (see
+    ``tool_instructions``)."""
     compact_prompt: str | None = None
     """The whole system message in the tag format, when set: small models pay for every prompt token of every
     episode, and the generic tool instructions can be most of an episode's tokens."""
+    tool_instructions: bool = True
+    """Whether ``system_message()`` appends the parser's instructions for the declared tools to ``system_prompt``
+    (in the text formats: the tools' schemas and how to write a call and an answer). False sends ``system_prompt``
+    as written, for a prompt that already says it all or a chat template that renders the tools itself; the
+    constructor's ``tool_instructions=`` sets it per env."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, max_turns: int = 8, parser: ActionParser | None = None,
-                 max_tool_calls: int = 4, max_result_chars: int = 8000, **kwargs: Any):
+                 max_tool_calls: int = 4, max_result_chars: int = 8000, tool_instructions: bool | None = None,
+                 **kwargs: Any):
         """``max_tool_calls``: calls run per turn; the rest are answered ``Error: not run: ...``, so that a turn
         costs at most this many times the slowest tool's own bound (a 32k-character action holds hundreds of
-        calls). ``max_result_chars``: each call's result is cut there, with a note."""
+        calls). ``max_result_chars``: each call's result is cut there, with a note. ``tool_instructions``:
+        overrides the class attribute of that name."""
         if max_tool_calls < 1:
             raise ConfigError(f"expected max_tool_calls >= 1, got {max_tool_calls}")
         if max_result_chars < 1:
@@ -356,6 +367,8 @@ class ToolEnv(TextEnv):
         self.parser: ActionParser = parser or HermesParser()
         self.max_tool_calls = max_tool_calls
         self.max_result_chars = max_result_chars
+        if tool_instructions is not None:
+            self.tool_instructions = bool(tool_instructions)
 
     # ----------------------------------------------------------------- hooks
     def tools(self) -> Sequence[Tool]:
@@ -375,10 +388,25 @@ class ToolEnv(TextEnv):
 
     def system_message(self) -> str:
         """The system prompt followed by the parser's instructions for the declared tools (or, in the tag format,
-        ``compact_prompt`` when the env has one)."""
+        ``compact_prompt`` when the env has one); ``system_prompt`` alone without ``tool_instructions``."""
+        if not self.tool_instructions:
+            return self.system_prompt
         if self.compact_prompt is not None and isinstance(self.parser, TagParser):
             return self.compact_prompt
         return self.system_prompt + "\n\n" + self.parser.instructions(list(self.tool_map.values()))
+
+    def native_system_message(self) -> str:
+        """The system message for a model that calls the tools natively (the OpenAI ``tools`` field, whose schemas
+        the server renders): ``system_message()`` with the text format's tool instructions replaced by
+        `NATIVE_INSTRUCTIONS`, which say that a reply without a tool call is the final answer. What a subclass adds
+        around the base's message is kept."""
+        text = self.system_message()
+        if not self.tool_instructions:
+            return text
+        instructions = self.parser.instructions(list(self.tool_map.values()))
+        if instructions in text:
+            return text.replace(instructions, NATIVE_INSTRUCTIONS, 1)
+        return self.system_prompt + "\n\n" + NATIVE_INSTRUCTIONS  # the compact prompt teaches the tag format
 
     def begin(self, task: Task) -> str:
         """Start ``task`` with the system message (``system_message()``) and the task prompt."""

@@ -1,7 +1,8 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 for the HTTP backend's tests: it answers from a script
 of responses the test sets, and records every request (path, body, headers) and the most requests it
-had in flight at once. `ExpertScript` answers as an env's scripted expert would, either the OpenAI way
-(``tool_calls``, ``content: null``) or as text."""
+had in flight at once; its model list names an owner (``owned_by="vllm"`` looks like a vLLM server).
+`ExpertScript` answers as an env's scripted expert would, the OpenAI way (``tool_calls``, a plain final answer),
+with tagged answers, or as text."""
 
 from __future__ import annotations
 
@@ -44,11 +45,12 @@ def message_reply(message: dict[str, Any], finish_reason: str = "stop",
 
 class ExpertScript:
     """A server script that plays an env's scripted expert (``env.expert(noise, seed)``, seeded with the
-    request's seed) on the conversation it is sent: ``shape="tools"`` answers a call as ``message.tool_calls``
-    with ``content: null`` (as hosted APIs and vllm serve with a tool-call parser do), ``"text"`` as the env's
-    action text in ``content``. Tasks are found by their prompt (the first user message)."""
+    request's seed) on the conversation it is sent: ``shape="openai"`` answers as the OpenAI API and hosted models
+    do, a call as ``message.tool_calls`` with ``content: null`` and the final answer as a plain message (no tags);
+    ``"tools"`` the same but the final answer in the env's answer tags; ``"text"`` every turn as the env's action
+    text in ``content``. Tasks are found by their prompt (the first user message)."""
 
-    def __init__(self, make_env: Callable[[], Any], shape: Literal["tools", "text"], noise: float = 0.0):
+    def __init__(self, make_env: Callable[[], Any], shape: Literal["openai", "tools", "text"], noise: float = 0.0):
         probe = make_env()
         base = probe.unwrapped
         self.tasks = {t.prompt: t for t in base.tasks}
@@ -61,7 +63,10 @@ class ExpertScript:
         messages = body["messages"]
         task = self.tasks[next(m["content"] for m in messages if m["role"] == "user")]
         text = self.expert(noise=self.noise, seed=int(body.get("seed", 0))).act(task, messages)
-        calls = self.parser.parse(text, self.tool_map).calls
+        parsed = self.parser.parse(text, self.tool_map)
+        calls = parsed.calls
+        if self.shape == "openai" and parsed.answer is not None:
+            return message_reply({"role": "assistant", "content": parsed.answer})
         if self.shape == "text" or not calls:
             return message_reply({"role": "assistant", "content": text})
         tool_calls = [{"id": f"chatcmpl-tool-{next(self._ids)}", "type": "function",
@@ -74,9 +79,9 @@ class ScriptedServer:
     ``hold`` seconds are spent inside each request so that concurrent ones overlap."""
 
     def __init__(self, script: Callable[[str, dict[str, Any]], Reply] | None = None, hold: float = 0.0,
-                 models: tuple[str, ...] = ("served-model",)):
+                 models: tuple[str, ...] = ("served-model",), owned_by: str = "openai"):
         self.script = script or (lambda path, body: chat() if path.endswith("/chat/completions") else completion())
-        self.hold, self.models = hold, models
+        self.hold, self.models, self.owned_by = hold, models, owned_by
         self.requests: list[dict[str, Any]] = []
         self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -88,7 +93,8 @@ class ScriptedServer:
 
             def do_GET(self) -> None:
                 outer._record(self, {})
-                self._send(200, {}, json.dumps({"data": [{"id": m} for m in outer.models]}).encode())
+                models = [{"id": m, "object": "model", "owned_by": outer.owned_by} for m in outer.models]
+                self._send(200, {}, json.dumps({"object": "list", "data": models}).encode())
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

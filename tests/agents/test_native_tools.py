@@ -1,6 +1,7 @@
-"""Native tool calling over HTTP against a real local server that answers the OpenAI way (tool_calls, content
-null): episodes score what the text form scores, requests carry the env's tools and the call ids, and an
-answer the backend cannot map is an error, never an empty turn."""
+"""Native tool calling over HTTP against a real local server that answers the OpenAI way (tool_calls with content
+null, the final answer a plain message): episodes score what the text form scores, requests carry the env's
+tools, its native system message and the call ids, no answer text can become a tool call, and an answer the
+backend cannot map is an error, never an empty turn."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.agents.calc_env import CalcEnv
 from tests.agents.openai_server import ExpertScript, ScriptedServer, message_reply
@@ -18,6 +21,7 @@ from trace_gym.agents.native_tools import ToolFormat
 from trace_gym.agents.openai_backend import OpenAIPolicy
 from trace_gym.agents.policy import Request, SamplingParams
 from trace_gym.agents.specs import PolicyOptions, policy_from_spec
+from trace_gym.env import NATIVE_INSTRUCTIONS
 from trace_gym.env_specs import env_factory
 from trace_gym.errors import ServerError
 from trace_gym.tools import ToolCall
@@ -31,31 +35,54 @@ def make_calc():
     return CalcEnv(split="test", n=12)
 
 
-def _play(shape: str, tool_calls: str):
-    """The Arithmetic env's noisy expert behind a server, played through the HTTP backend."""
-    make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 8, "max_turns": 3})
+def _play(shape: str, tool_calls: str, env_args: dict | None = None):
+    """The Arithmetic env's noisy expert behind a server, played through the HTTP backend; the chat requests."""
+    make_env = env_factory("trace/Arithmetic-v0", env_args or {"n_tasks": 8, "max_turns": 3})
     with ScriptedServer(ExpertScript(make_env, shape, noise=0.4)) as server:
         policy = policy_from_spec("openai:m", PolicyOptions(base_url=server.url, tool_calls=tool_calls), make_env)
         result = evaluate_policy(policy, make_env, 8, samples=2, sampling=GREEDY, workers=2)
-    return result, server.requests
+    return result, [r for r in server.requests if r["path"].endswith("/chat/completions")]
 
 
-def test_native_tool_calls_score_what_the_text_form_scores():
-    native, requests = _play("tools", "native")
+@pytest.mark.parametrize("shape", ["openai", "tools"])
+def test_native_tool_calls_score_what_the_text_form_scores(shape):
+    native, requests = _play(shape, "native")
     text, _ = _play("text", "text")
     assert [t.row() for t in native.tasks] == [t.row() for t in text.tasks]
     assert 0.0 < native.success < 1.0  # the expert's noise: both outcomes occur, identically
     assert any(r["body"]["messages"][-1]["role"] == "tool" for r in requests)
 
 
+def test_a_plain_final_answer_is_scored_in_both_action_formats():
+    """The OpenAI way ends with a message without tool calls and without tags: it is the answer, whatever the env's
+    own text format (tags or Hermes JSON)."""
+    for fmt in ("tags", "hermes"):
+        result, requests = _play("openai", "native", {"n_tasks": 8, "max_turns": 3, "action_format": fmt})
+        final = [r for r in requests if r["body"]["messages"][-1]["role"] == "tool"]
+        assert final and result.success > 0.0, fmt
+        assert all(a and "<answer>" not in a for t in result.tasks for a in t.answers)  # the plain reply, read
+
+
 def test_requests_carry_the_env_tools_and_answer_each_call_by_its_id():
-    _, requests = _play("tools", "native")
+    _, requests = _play("openai", "native")
     first, second = requests[0]["body"], next(r["body"] for r in requests if len(r["body"]["messages"]) > 2)
     assert [t["function"]["name"] for t in first["tools"]] == ["python"]
     assistant, result = second["messages"][-2:]
     assert assistant["content"] is None and assistant["tool_calls"][0]["id"].startswith("chatcmpl-tool-")
     assert result == {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"],
                       "content": result["content"]}
+
+
+@pytest.mark.parametrize("fmt", ["tags", "hermes"])
+def test_the_native_system_message_teaches_no_text_tool_format(fmt):
+    _, requests = _play("openai", "native", {"n_tasks": 8, "max_turns": 3, "action_format": fmt})
+    systems = {r["body"]["messages"][0]["content"] for r in requests}
+    assert len(systems) == 1
+    (system,) = systems
+    assert NATIVE_INSTRUCTIONS in system
+    assert not any(m in system for m in ("<tools>", "<tool_call>", "<python>"))
+    _, text_requests = _play("text", "text", {"n_tasks": 8, "max_turns": 3, "action_format": fmt})
+    assert "<python>" in text_requests[0]["body"]["messages"][0]["content"] or fmt == "hermes"
 
 
 def test_a_tool_call_becomes_the_env_action_in_its_own_format():
@@ -142,10 +169,11 @@ def test_native_answers_keep_the_exact_sampled_token_ids():
 
 @pytest.mark.slow
 def test_trace_gym_eval_scores_a_tool_calling_server_as_a_text_server(tmp_path):
-    """The command, end to end, on the sandboxed Arithmetic env: native and text give the same rows."""
+    """The command, end to end, on the sandboxed Arithmetic env: a server answering the OpenAI way (tool calls, then
+    a plain final answer) and one answering in text give the same rows."""
     make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 6, "max_turns": 3})
     rows = {}
-    for shape, mode in (("tools", "native"), ("text", "text")):
+    for shape, mode in (("openai", "native"), ("text", "text")):
         with ScriptedServer(ExpertScript(make_env, shape, noise=0.3)) as server:
             out = tmp_path / mode
             result = subprocess.run(
@@ -158,3 +186,22 @@ def test_trace_gym_eval_scores_a_tool_calling_server_as_a_text_server(tmp_path):
         summary = json.loads(result.stdout)
         assert summary["episodes"] == 12 and summary["success"] is not None
     assert rows["native"] == rows["text"] and any(r["success"] > 0 for r in rows["native"])
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<", ">", "/", "python", "answer", "tool_call", "{", "}", '"', " ", "x", "name",
+                                  ":", "&lt;"]), max_size=30).map("".join))
+def test_no_final_answer_text_becomes_a_tool_call(content):
+    """Whatever a plain reply says, the env reads it as the answer: markup of the env's format in it is made inert,
+    in the tag and the Hermes format alike."""
+    for parser in (TagParser(), HermesParser()):
+        fmt = ToolFormat(ToolFormat.of_env(CalcEnv()).tools, parser)
+        parsed = parser.parse(fmt.action({"role": "assistant", "content": content}), {"python": fmt.tools[0]})
+        assert parsed.error is None and not parsed.calls and parsed.answer is not None
+
+
+def test_a_reply_in_the_envs_own_answer_form_goes_as_written():
+    fmt = ToolFormat.of_env(CalcEnv())
+    assert fmt.action({"content": "It is <answer>5</answer>"}) == "It is <answer>5</answer>"
+    assert fmt.action({"content": " 5 "}) == "<answer>5</answer>"
+    assert fmt.action({"content": "run <python>1</python>"}) == "<answer>run &lt;python>1&lt;/python></answer>"

@@ -1,19 +1,25 @@
-"""The HTTP backend's retries, in-flight limit and error messages, against a real local HTTP server
-(tests/agents/openai_server.py). The real `vllm serve` tests are in tests/vllm (make test-vllm)."""
+"""The HTTP backend's retries (shown as they happen), in-flight limit, request fields and error messages, against
+a real local HTTP server (tests/agents/openai_server.py). The real `vllm serve` tests are in tests/vllm (make
+test-vllm)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 
 import pytest
 
 from tests.agents.openai_server import ScriptedServer, chat
-from trace_gym.agents.openai_backend import OpenAIPolicy, _retry_after
+from trace_gym.agents.openai_backend import OpenAIPolicy
 from trace_gym.agents.policy import Request, SamplingParams
 from trace_gym.errors import ServerError, UserError
 
 MSGS = [{"role": "user", "content": "2+2?"}]
+# The request fields of the OpenAI API's /chat/completions and /completions that the backend sends.
+STANDARD = {"model", "messages", "prompt", "n", "temperature", "top_p", "max_tokens", "seed", "stop", "logprobs",
+            "top_logprobs", "tools", "tool_choice"}
 
 
 def _failing_first(times: int, status: int, headers: dict[str, str] | None = None):
@@ -28,36 +34,57 @@ def _failing_first(times: int, status: int, headers: dict[str, str] | None = Non
     return script
 
 
-def test_transient_failures_are_retried_until_the_answer():
-    with ScriptedServer(_failing_first(2, 503)) as server:
-        policy = OpenAIPolicy(server.url, "m", max_retries=3, backoff=0.01)
+def test_transient_failures_are_retried_until_the_answer_and_each_retry_is_shown(caplog):
+    with ScriptedServer(_failing_first(2, 503)) as server, caplog.at_level(logging.WARNING):
+        policy = OpenAIPolicy(server.url, "m", max_retries=3)
         out = policy.generate([Request(messages=MSGS)], SamplingParams(max_new_tokens=4))
-    assert out[0].text == "<answer>4</answer>" and len(server.requests) == 3
+    posts = [r for r in server.requests if r["path"].endswith("/chat/completions")]
+    assert out[0].text == "<answer>4</answer>" and len(posts) == 3
+    shown = [r.getMessage() for r in caplog.records]
+    assert [m.split(": ", 1)[1] for m in shown if "/chat/completions" in m] == ["HTTP 503; retry 1 of 3",
+                                                                                 "HTTP 503; retry 2 of 3"]
 
 
 def test_rate_limited_requests_with_retry_after_are_retried():
-    with ScriptedServer(_failing_first(1, 429, {"Retry-After": "0"})) as server:
-        out = OpenAIPolicy(server.url, "m", backoff=0.01).generate([Request(messages=MSGS)], SamplingParams())
+    with ScriptedServer(_failing_first(1, 429, {"Retry-After": "0.05"})) as server:
+        out = OpenAIPolicy(server.url, "m", server="openai").generate([Request(messages=MSGS)], SamplingParams())
     assert out[0].text == "<answer>4</answer>" and len(server.requests) == 2
-
-
-def test_retry_after_reads_seconds_and_ignores_dates():
-    assert _retry_after("3") == 3.0 and _retry_after(None) == 0.0
-    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
 
 
 def test_a_refused_request_is_not_retried_and_carries_the_servers_message():
     refuse = ScriptedServer(lambda path, body: (404, {}, b'{"error": "model m does not exist"}'))
     with refuse as server, pytest.raises(ServerError, match="model m does not exist"):
-        OpenAIPolicy(server.url, "m", backoff=0.01).generate([Request(messages=MSGS)], SamplingParams())
+        OpenAIPolicy(server.url, "m", server="openai").generate([Request(messages=MSGS)], SamplingParams())
     assert len(server.requests) == 1
 
 
 def test_giving_up_after_the_retries_is_a_user_error():
     with ScriptedServer(_failing_first(99, 502)) as server, pytest.raises(UserError, match="after 2 retries"):
-        OpenAIPolicy(server.url, "m", max_retries=2, backoff=0.01).generate([Request(messages=MSGS)],
-                                                                            SamplingParams())
+        OpenAIPolicy(server.url, "m", max_retries=2, server="openai").generate([Request(messages=MSGS)],
+                                                                               SamplingParams())
     assert len(server.requests) == 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_never_reached_is_an_error_at_once_not_after_retries(caplog):
+    policy = OpenAIPolicy(f"http://127.0.0.1:{_free_port()}/v1", "m", max_retries=5)
+    with caplog.at_level(logging.WARNING), pytest.raises(ServerError, match="not retried: it never answered"):
+        policy.generate([Request(messages=MSGS)], SamplingParams())
+    assert not [r for r in caplog.records if "retry" in r.getMessage()]
+
+
+def test_a_server_lost_after_answering_is_retried_then_an_error(caplog):
+    with ScriptedServer() as server:
+        policy = OpenAIPolicy(server.url, "m", max_retries=1)
+        policy.generate([Request(messages=MSGS)], SamplingParams())
+    with caplog.at_level(logging.WARNING), pytest.raises(ServerError, match="after 1 retries"):
+        policy.generate([Request(messages=MSGS)], SamplingParams())
+    assert any("retry 1 of 1" in r.getMessage() for r in caplog.records)
 
 
 def test_a_response_that_is_not_json_says_to_check_the_base_url():
@@ -74,7 +101,7 @@ def test_a_response_without_choices_is_a_server_error():
 
 def test_the_in_flight_limit_holds_over_threads_sharing_the_policy():
     with ScriptedServer(hold=0.05) as server:
-        policy = OpenAIPolicy(server.url, "m", concurrency=3)
+        policy = OpenAIPolicy(server.url, "m", concurrency=3, server="openai")
         threads = [threading.Thread(target=policy.generate, args=([Request(messages=MSGS)] * 6, SamplingParams()))
                    for _ in range(4)]
         for t in threads:
@@ -85,9 +112,10 @@ def test_the_in_flight_limit_holds_over_threads_sharing_the_policy():
 
 
 def test_token_prompts_go_to_completions_and_keep_the_token_ids():
-    with ScriptedServer() as server:
+    with ScriptedServer(owned_by="vllm") as server:
         out = OpenAIPolicy(server.url, "m").generate([Request(prompt_ids=[1, 2, 3])], SamplingParams(seed=5))
-    sent = server.requests[0]
+    sent = next(r for r in server.requests if r["path"].endswith("/completions"))
+    assert sent["body"]["return_tokens_as_token_ids"] is True
     assert sent["path"] == "/v1/completions" and sent["body"]["prompt"] == [1, 2, 3]
     assert out[0].token_ids == [7, 8] and out[0].logprobs == [-0.5, -0.5] and out[0].prompt_tokens == 3
 
@@ -95,10 +123,28 @@ def test_token_prompts_go_to_completions_and_keep_the_token_ids():
 def test_the_api_key_goes_in_the_authorization_header():
     with ScriptedServer() as server:
         OpenAIPolicy(server.url, "m", api_key="sk-test").generate([Request(messages=MSGS)], SamplingParams())
-    assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-test"
+    assert server.requests[-1]["headers"]["Authorization"] == "Bearer sk-test"
 
 
 def test_models_lists_what_the_server_serves():
     with ScriptedServer(models=("a", "b")) as server:
         assert OpenAIPolicy(server.url, "").models() == ["a", "b"]
 
+
+
+@pytest.mark.parametrize("owner", ["openai", "sglang"])
+def test_a_server_not_known_to_be_vllm_gets_the_standard_fields_only(owner):
+    sampling = SamplingParams(top_k=5, min_new_tokens=1, stop=("\n",), seed=1)
+    with ScriptedServer(owned_by=owner) as server:
+        OpenAIPolicy(server.url, "m").generate([Request(messages=MSGS), Request(prompt_ids=[1, 2])], sampling)
+    posts = [r["body"] for r in server.requests if r["path"] != "/v1/models"]
+    assert len(posts) == 2 and all(set(body) <= STANDARD for body in posts)
+
+
+def test_a_vllm_server_gets_its_extra_fields_for_exact_token_ids():
+    with ScriptedServer(owned_by="vllm") as server:
+        policy = OpenAIPolicy(server.url, "m")
+        policy.generate([Request(messages=MSGS)], SamplingParams(top_k=5))
+    body = server.requests[-1]["body"]
+    assert policy.server == "vllm" and body["top_k"] == 5 and body["return_tokens_as_token_ids"] is True
+    assert sum(r["path"] == "/v1/models" for r in server.requests) == 1  # asked once

@@ -75,7 +75,7 @@ def test_openai_spec_talks_to_the_server_at_the_base_url():
         policy = policy_from_spec("openai:my-model", PolicyOptions(base_url=server.url, concurrency=2))
         assert isinstance(policy, OpenAIPolicy) and policy.concurrency == 2
         assert policy.generate([Request(messages=[{"role": "user", "content": "hi"}])], SamplingParams())[0].text
-    assert server.requests[0]["body"]["model"] == "my-model"
+    assert server.requests[-1]["body"]["model"] == "my-model"
 
 
 def test_openai_base_url_comes_from_the_environment(monkeypatch):
@@ -107,7 +107,7 @@ def test_the_api_key_comes_from_the_named_variable(monkeypatch):
     with ScriptedServer() as server:
         policy = policy_from_spec("openai:m", PolicyOptions(base_url=server.url, api_key_env="MY_SERVER_KEY"))
         policy.generate([Request(messages=[{"role": "user", "content": "hi"}])], SamplingParams())
-    assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-123"
+    assert server.requests[-1]["headers"]["Authorization"] == "Bearer sk-123"
 
 
 def test_a_named_key_variable_that_is_unset_is_a_config_error(monkeypatch):
@@ -120,7 +120,7 @@ def test_a_local_tokenizer_sends_token_prompts(nano_dir):
     with ScriptedServer() as server:
         policy = policy_from_spec("openai:m", PolicyOptions(base_url=server.url, tokenizer=str(nano_dir)))
         policy.generate([Request(messages=[{"role": "user", "content": "hi"}])], SamplingParams())
-    sent = server.requests[0]
+    sent = server.requests[-1]
     assert sent["path"] == "/v1/completions" and all(isinstance(t, int) for t in sent["body"]["prompt"])
 
 
