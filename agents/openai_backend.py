@@ -183,6 +183,10 @@ class OpenAIPolicy:
                               f"{sorted(message)}); fix: check that the server is OpenAI-compatible")
         return content
 
+    def close(self) -> None:
+        """Close the client's connections (the policy is unusable afterwards)."""
+        self._client.close()
+
     def models(self) -> list[str]:
         """The model names the server lists at ``GET /models``."""
         data = self._request("/models", None)

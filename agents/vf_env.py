@@ -1,26 +1,39 @@
 """A trace-gym env as a verifiers environment (verifiers 0.4, ``verifiers.v1``): a taskset of the env's tasks and
 a harness that plays each episode with the env in the loop, so that ``vf-eval`` (and prime-rl, which runs the
-same env servers) evaluates any trace-gym env, a user's own included:
+same env servers) evaluates any trace-gym env, a user's own included, and ``vf-validate`` checks its tasks:
 
     vf-eval trace_gym_verifiers --env.taskset.env trace/Arithmetic-v0 --env.taskset.env-args '{"n_tasks": 20}' \\
         -n 20 --model MODEL --client.base-url http://127.0.0.1:8000 --no-rich --no-push
+    vf-validate trace_gym_verifiers --taskset.env trace/Arithmetic-v0 --taskset.env-args '{"n_tasks": 20}' \\
+        -n 20 --runtime.type subprocess --no-rich
 
-verifiers resolves a taskset id to one importable module that exports the classes (a dotted id is not looked
-up), hence the two-line top-level package ``trace_gym_verifiers`` that re-exports this module's.
+(vf-eval nests the taskset under ``--env.``, vf-validate does not: each command's own flags.) verifiers resolves a
+taskset id to one importable module that exports the classes (a dotted id is not looked up), hence the two-line
+top-level package ``trace_gym_verifiers`` that re-exports this module's.
 
 `TraceGymTaskset` loads the tasks of ``env`` (any env spec) built with ``env_args``; each task's data names the
 env and the task id and carries the env's system and user messages as its prompt. `TraceGymHarness` runs in the
 rollout's process (no program to install): it starts the task in a fresh env, sends the chat to the model
 through the rollout's interception endpoint (so verifiers records every turn, tokens included), steps the env
 with each reply and sends the env's answer back, until the episode ends; the env's reward is the task's
-``env_reward``. Tool calls go as the env's text actions by default (``--env.agent.harness.id trace_gym_verifiers
---env.agent.harness.tool-calls native`` sends the env's tools and maps the model's ``tool_calls``,
-agents/native_tools.py). `TraceGymEnv` is the single-agent env with the local runtime as its default.
+``env_reward``. Tool calls are native by default, as in ``trace-gym eval``: the env's tools go as ``tools``, the
+model's ``tool_calls`` become the env's actions and a reply without tool calls is the final answer
+(agents/native_tools.py); ``--env.agent.harness.id trace_gym_verifiers --env.agent.harness.tool-calls text`` lets
+the model write the env's text actions instead. `TraceGymEnv` is the single-agent env with the local runtime as
+its default.
+
+vf-validate's checks: gold plays the env's scripted expert (no noise) on the task and is valid when it earns the
+full reward (unchecked for an env without an expert); noop scores the task untouched, which is 0 (no answer).
+
+The operator chooses the env: the harness builds only the envs that a `TraceGymTaskset` of this process loaded
+from its config, so task data (which another taskset, a saved trace or a wire message could carry) picks a
+task, never the code that runs or the files it reads (a ``module:Class`` spec, a ``data_path``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Literal
 
 import verifiers.v1 as vf
@@ -29,12 +42,29 @@ from verifiers.v1.configs.harness import HarnessConfig
 from verifiers.v1.harness import Harness
 from verifiers.v1.runtimes import ProgramResult
 
+from trace_gym.errors import ConfigError
 from trace_gym.integrations.session import EnvSession
 
 __all__ = ["TraceGymEnv", "TraceGymHarness", "TraceGymTask", "TraceGymTaskset"]
 
 REWARD = "trace_gym_reward"
 TURNS = "trace_gym_turns"
+_LOADED: set[str] = set()
+"""The (env, env_args) of every taskset loaded in this process: the envs the operator chose."""
+
+
+def _choice(env: str, env_args: dict[str, Any]) -> str:
+    return json.dumps([env, env_args], sort_keys=True, default=str)
+
+
+def _session(data: Any) -> EnvSession:
+    """A session of the env that ``data`` names, if the operator's taskset chose it (module docstring)."""
+    if _choice(data.env, dict(data.env_args)) not in _LOADED:
+        raise ConfigError(f"expected task data of a trace_gym_verifiers taskset loaded in this process, got data "
+                          f"naming env {data.env!r} with {dict(data.env_args)!r}, which no such taskset loaded; fix: "
+                          "choose the env with the taskset's own settings (--env.taskset.env, --env.taskset.env-args)"
+                          ": task data may pick a task, not the env")
+    return EnvSession(data.env, data.env_args)
 
 
 class TraceGymData(vf.TaskData):
@@ -49,12 +79,37 @@ class TraceGymData(vf.TaskData):
 class TraceGymTask(vf.Task[TraceGymData]):
     @vf.reward
     async def env_reward(self, trace: vf.Trace) -> float:
-        """The reward the env gave the episode (recorded by `TraceGymHarness`)."""
+        """The reward the env gave the episode (recorded by `TraceGymHarness`); 0 for a task nobody played (no
+        model call: no answer, which is what an env gives an episode without one, and vf-validate's noop check)."""
         value = trace.metrics.get(REWARD)
+        if value is None and not trace.calls:
+            return 0.0
         if value is None:
-            raise ValueError("expected the episode's env reward on the trace, got none; fix: play trace-gym tasks "
-                             "with the trace_gym_verifiers harness (its taskset's default)")
+            raise ValueError("expected the episode's env reward on the trace, got none though the model was called; "
+                             "fix: play trace-gym tasks with the trace_gym_verifiers harness (its taskset's default)")
         return float(value)
+
+    async def validate(self, runtime: Any) -> bool | None:
+        """vf-validate's gold check: the env's scripted expert (no noise) plays the task and earns the full reward;
+        None when the env has no expert."""
+        return await asyncio.to_thread(_expert_solves, self.data)
+
+
+def _expert_solves(data: Any) -> bool | None:
+    session = _session(data)
+    try:
+        expert_of = getattr(session.base, "expert", None)
+        if expert_of is None:
+            return None
+        expert = expert_of(noise=0.0, seed=0)
+        session.reset(task_id=data.task_id)
+        task = session.base.task
+        out: dict[str, Any] = {"done": False, "reward": 0.0}
+        while not out["done"]:
+            out = session.step(expert.act(task, session.messages()))
+        return out["reward"] >= 1.0
+    finally:
+        session.close()
 
 
 class TraceGymTasksetConfig(vf.TasksetConfig):
@@ -66,6 +121,7 @@ class TraceGymTasksetConfig(vf.TasksetConfig):
 
 class TraceGymTaskset(vf.Taskset[TraceGymTask, TraceGymTasksetConfig]):
     def load(self) -> list[TraceGymTask]:
+        _LOADED.add(_choice(self.config.env, dict(self.config.env_args)))
         session = EnvSession(self.config.env, self.config.env_args)
         try:
             out = []
@@ -82,9 +138,9 @@ class TraceGymTaskset(vf.Taskset[TraceGymTask, TraceGymTasksetConfig]):
 
 
 class TraceGymHarnessConfig(HarnessConfig):
-    tool_calls: Literal["text", "native"] = "text"
-    """"text": the model writes the env's actions; "native": the env's tools go as ``tools`` (a server with a
-    tool-call parser)."""
+    tool_calls: Literal["native", "text"] = "native"
+    """"native": the env's tools go as ``tools`` and a reply without tool calls is the final answer (the OpenAI
+    form; a server with a tool-call parser); "text": the model writes the env's actions."""
     max_tokens: int = 256
     """Tokens per turn when the run's sampling sets none."""
 
@@ -107,7 +163,7 @@ class TraceGymHarness(Harness[TraceGymHarnessConfig]):
         from trace_gym.agents.openai_backend import OpenAIPolicy
         from trace_gym.agents.policy import Request, SamplingParams
 
-        session = EnvSession(data.env, data.env_args)
+        session = _session(data)
         try:
             messages = session.reset(task_id=data.task_id)["messages"]
             policy = OpenAIPolicy(endpoint, ctx.model, api_key=secret, server="openai",
@@ -123,6 +179,7 @@ class TraceGymHarness(Harness[TraceGymHarnessConfig]):
                 turns += 1
                 reward, done = out["reward"], out["done"]
                 messages = session.messages()
+            policy.close()
             return reward, turns
         finally:
             session.close()

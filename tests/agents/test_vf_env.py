@@ -1,5 +1,6 @@
 """`vf-eval` (verifiers 0.4) runs trace-gym envs: the taskset and harness of trace_gym_verifiers against a real
-local OpenAI-shaped server that plays the env's expert; the rewards are the env's."""
+local OpenAI-shaped server that plays the env's expert; the rewards are the env's. `vf-validate` passes them
+(the expert as gold, untouched tasks scoring 0), and task data cannot choose the env."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def rewards(traces: list[dict]) -> dict[str, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["text", "native"])
 def test_vf_eval_scores_a_trace_gym_env_with_its_own_rewards(tmp_path, mode):
+    """Native: the server answers the OpenAI way (tool calls, then a plain final answer)."""
     make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 4})
-    with ScriptedServer(ExpertScript(make_env, "text" if mode == "text" else "tools")) as server:
+    with ScriptedServer(ExpertScript(make_env, "text" if mode == "text" else "openai")) as server:
         traces = vf_eval(server, tmp_path, "--env.taskset.env", "trace/Arithmetic-v0", "--env.taskset.env-args",
                          '{"n_tasks": 4}', "-n", "4", "--env.agent.harness.id", "trace_gym_verifiers",
                          "--env.agent.harness.tool-calls", mode)
@@ -58,6 +60,35 @@ def test_vf_eval_runs_a_users_own_env_named_by_module_and_class(tmp_path):
     with even as server:
         traces = vf_eval(server, tmp_path, "--env.taskset.env", ENTRY_POINT, "-n", "3")
     assert sorted(rewards(traces).values()) == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_vf_validate_passes_with_the_expert_as_gold(tmp_path):
+    result = subprocess.run([shutil.which("vf-validate", path=str(Path(sys.executable).parent)) or "vf-validate",
+                             "trace_gym_verifiers", "--taskset.env", "trace/Arithmetic-v0", "--taskset.env-args",
+                             '{"n_tasks": 3}', "-n", "3", "--runtime.type", "subprocess", "--no-rich",
+                             "--output-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert summary["checks"]["gold"]["valid"] == 3 and summary["checks"]["noop"]["valid"] == 3
+    assert summary["valid_rate"] == 1.0
+
+
+def test_task_data_cannot_choose_the_env():
+    """A row naming an env spec (code to import) or env args (a data_path) that no operator's taskset loaded is
+    refused before anything is built or contacted."""
+    import asyncio
+
+    from trace_gym.errors import ConfigError
+    from trace_gym.integrations.vf_env import TraceGymData, TraceGymHarness, TraceGymHarnessConfig, TraceGymTask
+
+    data = TraceGymData(idx=0, id="x", prompt="hi", env=ENTRY_POINT, env_args={"data_path": "/etc/shadow"},
+                        task_id="x")
+    with pytest.raises(ConfigError, match="task data may pick a task, not the env"):
+        TraceGymHarness(TraceGymHarnessConfig()).play(None, "http://127.0.0.1:9/v1", "s", data)
+    with pytest.raises(ConfigError, match="not the env"):
+        asyncio.run(TraceGymTask(data).validate(None))
 
 
 def _reply(text: str):

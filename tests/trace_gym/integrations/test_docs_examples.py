@@ -49,7 +49,7 @@ def test_the_vf_eval_command_runs_against_a_server(tmp_path):
     pytest.importorskip("verifiers")
     line = next(c for block in re.findall(r"```bash\n(.*?)```", DOC, flags=re.DOTALL) for c in block.splitlines()
                 if c.startswith("vf-eval"))
-    with ScriptedServer(ExpertScript(env_factory("trace/Arithmetic-v0", {"n_tasks": 4}), "text")) as server:
+    with ScriptedServer(ExpertScript(env_factory("trace/Arithmetic-v0", {"n_tasks": 4}), "openai")) as server:
         command = line.replace("http://127.0.0.1:8000", server.url.removesuffix("/v1"))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PRIME_API_KEY": "local",
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
