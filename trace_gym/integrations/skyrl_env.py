@@ -1,9 +1,19 @@
 """A trace-gym env as a skyrl-gym env: `TraceGymSkyRLEnv`, registered as ``trace-gym`` in skyrl-gym's registry.
 
-skyrl-gym builds an env per dataset row, ``skyrl_gym.make("trace-gym", env_config=..., extras=row)``, calls
-``init(prompt)`` and then ``step(assistant_text)`` until ``done``. Here the row's extras name the env and the
-task (`skyrl_rows` writes such rows from any env spec): ``{"env": SPEC, "env_args": {...}, "task_id": ID}``;
-``init`` starts that task and returns the env's own first messages (its system prompt and the task), each
+skyrl-train (and any loop written against skyrl-gym) builds an env per dataset row,
+``skyrl_gym.make(env_class, env_config=..., extras=...)``, calls ``init(prompt)`` and then
+``step(assistant_text)`` until ``done``. The rows follow skyrl-train's dataset form: a ``prompt`` column (chat
+messages), an ``env_class`` column, and every other column handed to the env as its extras (skyrl-train 0.3's
+``PromptDataset`` does so, and its generator adds ``max_turns``); ``env_config`` is the operator's
+``environment.skyrl_gym.<env_class>`` section. `skyrl_rows` writes such rows from any env spec: ``prompt`` (the
+env's system and user messages), ``env_class: trace-gym`` and ``task_id``.
+
+The operator chooses the env, a row only its task: ``env`` (a spec) and ``env_args`` come from ``env_config``
+alone, since a spec may name any importable ``module:Class`` and the args a ``data_path`` to read; extras that
+try to set them are refused. Of the extras only ``task_id`` is read; the rest (the prompt, skyrl-train's
+``max_turns``, a dataset's own columns) are ignored: the env keeps its own turn limit.
+
+``init`` starts the row's task and returns the env's own first messages (its system prompt and the task), each
 ``step`` returns the env's reply messages (tool results keep the ``tool`` role) and the episode's reward on the
 turn that ends it. Beyond skyrl-gym's interface, ``snapshot()``/``restore(handle)`` branch the episode (a host
 that wants trees can use them; skyrl-gym itself never calls them).
@@ -11,7 +21,7 @@ that wants trees can use them; skyrl-gym itself never calls them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
@@ -23,20 +33,38 @@ from trace_gym.integrations.session import EnvSession
 __all__ = ["ENV_CLASS", "TraceGymSkyRLEnv", "register_skyrl", "skyrl_rows"]
 
 ENV_CLASS = "trace-gym"
+ROW_CHOOSES_ENV = frozenset({"env", "env_args", "env_kwargs", "env_extras", "env_config", "spec", "data_path"})
+"""Extras keys that would choose the env or its arguments: a data row may not."""
 
 
 class TraceGymSkyRLEnv(BaseTextEnv):
-    """skyrl-gym's text env over one trace-gym env (module docstring). ``env_config`` may give ``env`` and
-    ``env_args`` for every row; a row's extras override them and name the ``task_id``."""
+    """skyrl-gym's text env over one trace-gym env (module docstring): ``env_config`` (the operator's) names
+    ``env`` and ``env_args``, a row's ``extras`` the ``task_id``."""
 
     def __init__(self, env_config: Mapping[str, Any] | None = None, extras: Mapping[str, Any] | None = None):
         super().__init__()
-        settings = {**dict(env_config or {}), **dict(extras or {})}
+        settings = _plain(env_config or {})
+        row = dict(extras or {})
+        chosen = sorted(ROW_CHOOSES_ENV & set(row))
+        if chosen:
+            raise ConfigError(f"expected a data row to pick a task only (its task_id), got extras {chosen} that "
+                              "would choose the env or its arguments; fix: set env and env_args in env_config (in "
+                              f"skyrl-train: environment.skyrl_gym.{ENV_CLASS}.env and .env_args) and build rows "
+                              "with trace_gym.integrations.skyrl_env.skyrl_rows")
         if not isinstance(settings.get("env"), str):
-            raise ConfigError(f"expected the row's extras (or env_config) to name the env, got keys "
-                              f"{sorted(settings)}; fix: build rows with trace_gym.integrations.skyrl_env.skyrl_rows")
+            raise ConfigError(f"expected env_config to name the env (env: SPEC, env_args: {{...}}), got keys "
+                              f"{sorted(settings)}; fix: in skyrl-train set +environment.skyrl_gym.{ENV_CLASS}.env="
+                              "trace/Arithmetic-v0 (and .env_args); in Python skyrl_gym.make(..., env_config="
+                              "{'env': SPEC, 'env_args': {...}})")
+        unknown = sorted(set(settings) - {"env", "env_args"})
+        if unknown:
+            raise ConfigError(f"expected env_config keys env and env_args, got also {unknown}; fix: put the env's "
+                              "own settings inside env_args")
+        if not isinstance(row.get("task_id"), str):
+            raise ConfigError(f"expected the row's extras to name its task_id, got keys {sorted(row)}; fix: build "
+                              "rows with trace_gym.integrations.skyrl_env.skyrl_rows (a task_id column)")
         self.session = EnvSession(settings["env"], settings.get("env_args") or {})
-        self.task_id = settings.get("task_id")
+        self.task_id: str = row["task_id"]
         self.max_turns = self.session.base.max_turns
         self.reward = 0.0
 
@@ -82,18 +110,27 @@ def register_skyrl() -> str:
 
 def skyrl_rows(spec: str, env_args: Mapping[str, Any] | None = None, tasks: int | None = None
                ) -> list[dict[str, Any]]:
-    """Dataset rows in skyrl's form for the first ``tasks`` tasks of ``spec`` (all by default): the prompt
-    messages, ``env_class`` and the extras that name the env and the task."""
+    """Dataset rows in skyrl-train's form for the first ``tasks`` tasks of ``spec`` (all by default): ``prompt``
+    (the env's first messages), ``env_class`` and ``task_id`` (module docstring); the env itself goes in the
+    operator's ``env_config``."""
     session = EnvSession(spec, env_args)
     try:
         rows = []
         for task in list(session.base.tasks)[:tasks]:
             messages = session.reset(task_id=task.id)["messages"]
-            rows.append({"prompt": messages, "env_class": ENV_CLASS,
-                         "env_extras": {"env": spec, "env_args": dict(env_args or {}), "task_id": task.id}})
+            rows.append({"prompt": messages, "env_class": ENV_CLASS, "task_id": task.id})
         return rows
     finally:
         session.close()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain dicts and lists (skyrl-train's env_config is an omegaconf DictConfig)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    return value
 
 
 register_skyrl()

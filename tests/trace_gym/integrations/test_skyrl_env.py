@@ -1,14 +1,21 @@
-"""A trace-gym env inside skyrl-gym: built by skyrl_gym.make from a dataset row, played with skyrl-gym's
-init/step loop to its reward, and branched with snapshot/restore."""
+"""A trace-gym env inside skyrl-gym: built by skyrl_gym.make from a dataset row in skyrl-train's form, played with
+skyrl-gym's init/step loop to its reward, and branched with snapshot/restore. The env comes from the operator's
+env_config only: a row that tries to choose it is refused."""
 
 from __future__ import annotations
 
 import pytest
 
 skyrl_gym = pytest.importorskip("skyrl_gym")
+datasets = pytest.importorskip("datasets")
+
+from omegaconf import OmegaConf  # noqa: E402  (skyrl-gym's own dependency; skyrl-train's config type)
 
 from tests.training.parity_env import ENTRY_POINT  # noqa: E402
+from trace_gym.errors import ConfigError  # noqa: E402
 from trace_gym.integrations.skyrl_env import ENV_CLASS, TraceGymSkyRLEnv, skyrl_rows  # noqa: E402
+
+ARGS = {"n_tasks": 3, "word_fraction": 0.0}
 
 
 def expert_turn(messages):
@@ -18,13 +25,28 @@ def expert_turn(messages):
     return f"<python>print({messages[-1]['content'].removeprefix('Compute ').removesuffix('.')})</python>"
 
 
-def test_a_skyrl_gym_loop_plays_a_trace_gym_env_to_its_reward():
-    rows = skyrl_rows("trace/Arithmetic-v0", {"n_tasks": 3, "word_fraction": 0.0})
-    assert [r["env_class"] for r in rows] == [ENV_CLASS] * 3
-    for row in rows:
-        env = skyrl_gym.make(row["env_class"], env_config={}, extras=row["env_extras"])
-        chat, meta = env.init(row["prompt"])
-        assert isinstance(env, TraceGymSkyRLEnv) and meta["task_id"] == row["env_extras"]["task_id"]
+def skyrl_train_inputs(path, max_turns=4):
+    """What skyrl-train 0.3 hands skyrl_gym.make for each row of a parquet dataset (its PromptDataset pops the
+    ``prompt`` and ``env_class`` columns and passes every other column as the extras; its generator sets
+    ``extras["max_turns"]`` and takes env_config from the operator's ``environment.skyrl_gym[env_class]``)."""
+    table = datasets.load_dataset("parquet", data_files=str(path), keep_in_memory=True)["train"]
+    for row in table:
+        row = dict(row)
+        prompt, env_class = row.pop("prompt"), row.pop("env_class")
+        yield prompt, env_class, {**row, "max_turns": max_turns}
+
+
+def test_skyrl_trains_rows_build_the_env_and_play_it_to_its_reward(tmp_path):
+    rows = skyrl_rows("trace/Arithmetic-v0", ARGS)
+    assert [sorted(r) for r in rows] == [["env_class", "prompt", "task_id"]] * 3
+    datasets.Dataset.from_list(rows).to_parquet(tmp_path / "train.parquet")
+    operator = OmegaConf.create({ENV_CLASS: {"env": "trace/Arithmetic-v0", "env_args": ARGS}})
+    played = []
+    for prompt, env_class, extras in skyrl_train_inputs(tmp_path / "train.parquet"):
+        env = skyrl_gym.make(env_class, env_config=operator.get(env_class), extras=extras)
+        chat, meta = env.init(prompt)
+        assert isinstance(env, TraceGymSkyRLEnv) and meta["task_id"] == extras["task_id"]
+        assert chat == prompt  # the env's own first messages, as the row carries them
         done, reward = False, 0.0
         while not done:
             action = expert_turn(chat)
@@ -32,7 +54,23 @@ def test_a_skyrl_gym_loop_plays_a_trace_gym_env_to_its_reward():
             chat = [*chat, {"role": "assistant", "content": action}, *out["observations"]]
             done, reward = out["done"], out["reward"]
         assert reward == 1.0 and env.get_metrics() == {"turns": 2, "reward": 1.0}
+        played.append(meta["task_id"])
         env.close()
+    assert played == [r["task_id"] for r in rows]
+
+
+@pytest.mark.parametrize("extras", [{"task_id": "arith-0", "env": ENTRY_POINT},
+                                    {"task_id": "arith-0", "env_args": {"data_path": "/etc/shadow"}},
+                                    {"env_extras": {"env": ENTRY_POINT, "task_id": "p0-1"}}])
+def test_a_row_cannot_choose_the_env_or_its_arguments(extras):
+    operator = {"env": "trace/Arithmetic-v0", "env_args": ARGS}
+    with pytest.raises(ConfigError, match="pick a task only"):
+        skyrl_gym.make(ENV_CLASS, env_config=operator, extras=extras)
+
+
+def test_an_env_config_without_the_env_says_where_to_set_it():
+    with pytest.raises(ConfigError, match=r"environment\.skyrl_gym\.trace-gym\.env"):
+        TraceGymSkyRLEnv(OmegaConf.create({}), {"task_id": "arith-0"})
 
 
 def test_a_skyrl_env_branches_from_a_snapshot():
@@ -47,6 +85,6 @@ def test_a_skyrl_env_branches_from_a_snapshot():
     env.close()
 
 
-def test_a_row_without_an_env_says_how_to_build_rows():
-    with pytest.raises(Exception, match="skyrl_rows"):
-        TraceGymSkyRLEnv({}, {"task_id": "x"})
+def test_a_row_without_a_task_id_says_how_to_build_rows():
+    with pytest.raises(ConfigError, match="skyrl_rows"):
+        TraceGymSkyRLEnv({"env": "trace/Arithmetic-v0"}, {"prompt": []})
