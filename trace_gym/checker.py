@@ -19,6 +19,7 @@ import re
 import string
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -37,6 +38,31 @@ Outcome = tuple[str, float, bool, bool, list[dict[str, Any]], dict[str, Any]]
 
 class ConformanceError(TraceGymError, AssertionError):
     """The env breaks the trace_gym env contract; the message names the first violation."""
+
+
+@dataclass(frozen=True)
+class ConformanceReport:
+    """What `check_trace_env` checked on an env that passed; ``str(report)`` is the line it prints."""
+
+    env: str
+    gym_check: bool
+    """Whether gymnasium's ``check_env`` ran (``skip_gym_check=False``)."""
+    scripts: int
+    branches: int
+    depth: int
+    tools: tuple[str, ...]
+    """The declared tools whose calls were played (none for a ``TextEnv`` without tools)."""
+    expert: bool
+    """Whether half of the turns were the env's scripted expert's."""
+
+    def __str__(self) -> str:
+        checks = ["gymnasium check_env" if self.gym_check else "gymnasium check_env skipped",
+                  f"{self.scripts} scripts of {self.depth} turns, each restored {self.branches} times natively, "
+                  "from a replay and into a fresh instance, identically",
+                  f"calls of {', '.join(self.tools)}" if self.tools else "no declared tools",
+                  "expert turns" if self.expert else "no expert (generated actions only)",
+                  "no process left after close"]
+        return f"{self.env} conforms: " + "; ".join(checks)
 
 
 def _make_factory(env: str | Callable[[], gym.Env[str, str]]) -> Callable[[], TextEnv]:
@@ -189,8 +215,9 @@ def _script(env: TextEnv, rng: np.random.Generator, n: int) -> list[str]:
 
 def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, depth: int = 3,
                     branches: int = 3, scripts: int = 3, skip_gym_check: bool = False,
-                    ignore_info: Collection[str] = ()) -> None:
-    """Raise ``ConformanceError`` at the first violation. ``env`` is a registered id or a zero-argument factory.
+                    ignore_info: Collection[str] = (), quiet: bool = False) -> ConformanceReport:
+    """Raise ``ConformanceError`` at the first violation; on success print what was checked (one line, unless
+    ``quiet``) and return it as a `ConformanceReport`. ``env`` is a registered id or a zero-argument factory.
 
     The snapshot contract is checked on ``scripts`` random action scripts, each snapshotting after a prefix of
     ``depth`` non-final turns and comparing ``depth + 2`` further turns across restores. ``ignore_info`` names
@@ -215,6 +242,8 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     other = factory()
     for script in range(scripts):
         _check_script(base, other, rng, derive(seed, script), depth, branches, frozenset(ignore_info))
+    report = ConformanceReport(env if isinstance(env, str) else type(base).__name__, not skip_gym_check, scripts,
+                               branches, depth, tuple(getattr(base, "tool_map", {})), expert_of(base, seed) is not None)
     other.close()
     base.close()
     del other, base
@@ -222,6 +251,9 @@ def check_trace_env(env: str | Callable[[], gym.Env[str, str]], seed: int = 0, d
     leaked = descendant_pids() - before - services()
     if leaked:
         raise ConformanceError(f"expected no processes left after close(), found pids {sorted(leaked)}")
+    if not quiet:
+        print(report)
+    return report
 
 
 def _check_script(base: TextEnv, other: TextEnv, rng: np.random.Generator, seed: int, depth: int,

@@ -154,11 +154,14 @@ def make_env(spec: str, **kwargs: Any) -> gym.Env:
         bad = _unexpected_keyword(exc, kwargs, env_spec)
         if bad is None:
             raise
-        accepted = _accepted_keywords(_creator(env_spec)) or set()
-        near = nearest(bad, accepted)
-        raise ConfigError(f"expected keyword arguments of {spec}, got unknown {bad}={kwargs[bad]!r}; fix: "
-                          f"{f'did you mean {near}? ' if near else ''}it takes "
-                          f"{', '.join(sorted(accepted)) or 'none'}") from None
+        creator = _creator(env_spec)
+        accepted = _accepted_keywords(creator) or set()
+        near = nearest(bad, _keywords_taking(creator, accepted, kwargs[bad]))
+        hint = f"did you mean {near}? " if near else ""
+        if near is None and "task" in bad and isinstance(kwargs[bad], int):
+            hint = "to play fewer tasks, give the command --tasks N (it plays the first N); "
+        raise ConfigError(f"expected keyword arguments of {spec}, got unknown {bad}={kwargs[bad]!r}; fix: {hint}"
+                          f"it takes {', '.join(sorted(accepted)) or 'none'}") from None
 
 
 def resolve_env_spec(spec: str) -> EnvSpec:
@@ -246,6 +249,31 @@ def _accepted_keywords(creator: Callable[..., Any] | None) -> set[str] | None:
 
 
 _SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _keywords_taking(creator: Callable[..., Any] | None, names: set[str], value: Any) -> set[str]:
+    """The keywords among ``names`` that could take ``value``: for a plain value (number, string, flag), those
+    annotated to allow it, or not annotated; any keyword for other values. A did-you-mean from these does not
+    point an integer at a keyword that wants a list of Task objects."""
+    if not isinstance(value, int | float | str | bool) or creator is None:
+        return names
+    functions = [c.__dict__["__init__"] for c in creator.__mro__ if "__init__" in c.__dict__] \
+        if isinstance(creator, type) else [creator]
+    hints: dict[str, Any] = {}
+    for fn in reversed(functions):
+        try:
+            hints.update(typing.get_type_hints(fn))
+        except Exception:  # an annotation that does not evaluate says nothing against the keyword
+            continue
+    def takes(allowed: Any) -> bool:  # a Literal's choices take any string: a misspelt choice is its own error
+        return isinstance(value, str) if isinstance(allowed, tuple) else _fits(value, allowed)
+
+    taking = set()
+    for name in names:
+        allowed = _allowed(hints[name]) if name in hints else [type(value)]
+        if allowed is not None and any(takes(a) for a in allowed):
+            taking.add(name)
+    return taking
 
 
 def check_keyword_types(spec: str, creator: Callable[..., Any] | None, kwargs: Mapping[str, Any]) -> None:

@@ -33,6 +33,7 @@ from trace_gym.environments.bfcl.calls import Call
 from trace_gym.environments.bfcl.data import FUNC_DOC_FILES
 from trace_gym.environments.bfcl.schema import parameters_schema
 from trace_gym.environments.sandbox.bounded import Bound, bounded_call
+from trace_gym.errors import ConfigError
 
 # bfcl_eval.utils creates result folders under its project root at import; keep them out of the cwd.
 os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "trace_gym_bfcl"))
@@ -66,16 +67,28 @@ MAX_STATE_DEPTH = 100
 ``mkdir``/``cd`` at a time, and the recursive copies of snapshots overflow the stack at a few hundred levels."""
 
 
+BFCL_INSTALL = "pip install --no-deps bfcl-eval==2026.3.23 mpmath"
+"""bfcl-eval's backends and checkers, without its dependencies: those are every model provider's client (anthropic,
+cohere, mistral, qwen-agent, sentence-transformers, faiss ...), which the checkers never call; no extra can say
+``--no-deps``, so the ``bfcl`` extra brings mpmath and this line the rest."""
+
+
+def require_bfcl_eval() -> None:
+    """``ConfigError`` with the install line when bfcl-eval is absent (one line from the command, not a traceback
+    from deep inside the first step)."""
+    try:
+        importlib.import_module(_MODULE_PREFIX + _CLASS_MODULES["MathAPI"])
+    except ImportError as e:
+        raise ConfigError(f"expected the bfcl-eval package for the BFCL envs, got ImportError: {e}; fix: "
+                          f"{BFCL_INSTALL}") from None
+
+
 def backend_class(name: str) -> type:
-    """The bfcl-eval backend class called `name` (ImportError with the install line if bfcl-eval is absent)."""
+    """The bfcl-eval backend class called `name` (`ConfigError` with the install line if bfcl-eval is absent)."""
     if name not in _CLASS_MODULES:
         raise ValueError(f"expected a BFCL backend class in {sorted(_CLASS_MODULES)}, got {name!r}")
-    try:
-        module = importlib.import_module(_MODULE_PREFIX + _CLASS_MODULES[name])
-    except ImportError as e:
-        raise ImportError("the BFCL environments need bfcl-eval's backends; fix: "
-                          "pip install --no-deps bfcl-eval==2026.3.23 mpmath") from e
-    return getattr(module, name)
+    require_bfcl_eval()
+    return getattr(importlib.import_module(_MODULE_PREFIX + _CLASS_MODULES[name]), name)
 
 
 def make_instances(entry: Mapping[str, Any], long_context: bool) -> dict[str, Any]:

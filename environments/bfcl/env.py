@@ -145,6 +145,7 @@ class BFCLMultiTurnEnv(TextEnv):
         if max_calls_per_step < 1 or step_time_s <= 0 or max_result_chars < 1:
             raise ConfigError(f"expected max_calls_per_step >= 1, step_time_s > 0 and max_result_chars >= 1, got "
                               f"{max_calls_per_step}, {step_time_s} and {max_result_chars}")
+        backends.require_bfcl_eval()
         super().__init__(tasks=tasks, max_turns=max_turns, **kwargs)
         self.max_calls_per_step, self.step_time_s = max_calls_per_step, step_time_s
         self.max_result_chars = max_result_chars
@@ -296,6 +297,7 @@ class BFCLSingleTurnEnv(TextEnv):
                  **kwargs: Any):
         if category not in SINGLE_TURN_CATEGORIES:
             raise ConfigError(f"expected a single-turn category in {SINGLE_TURN_CATEGORIES}, got {category!r}")
+        backends.require_bfcl_eval()
         kwargs.setdefault("max_turns", 1)
         super().__init__(tasks=tasks, **kwargs)
         self.category, self.split = category, split

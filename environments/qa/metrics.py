@@ -3,7 +3,9 @@ F1 >= 0.3 accuracy (evaluation). Why exact match is the reward: docs/rewards.md.
 
 Normalisation, shared by every metric (the official HotpotQA/SQuAD rules plus what they miss):
 1. Unicode: NFKD, combining marks dropped, and the letters NFKD leaves alone folded (ø -> o, æ -> ae, ß -> ss,
-   ł -> l, ...), so "Najera" matches "Nájera" and "Faro" matches "Fårö".
+   ł -> l, ...), so "Najera" matches "Nájera" and "Faro" matches "Fårö". The spacing modifier letters and
+   accents of U+02B0-U+02FF (the okina ʻ, the modifier apostrophe ʼ, stress marks) go too, so "Hawaii" matches
+   "Hawaiʻi"; modifier letters of other scripts (Japanese ー, 々) are letters of their words and stay.
 2. Lowercase; dates written as "17 December 1913", "December 17, 1913", "Dec. 17th, 1913" or "1913-12-17"
    become one form; a trailing Wikipedia disambiguator such as "(film)" or "(2012 album)" is dropped.
 3. Every dash (hyphen, en dash, em dash, minus) and slash becomes a space, so "1950-1953" matches
@@ -57,10 +59,16 @@ _DISAMBIGUATOR = re.compile(
     r"musician|footballer|politician|writer|director|artist)\)\s*$")
 
 
+def _is_mark(ch: str) -> bool:
+    """A combining mark, or a spacing modifier letter or accent of U+02B0-U+02FF (module docstring, rule 1)."""
+    return bool(unicodedata.combining(ch)) or ("\u02b0" <= ch <= "\u02ff" and unicodedata.category(ch) in ("Lm", "Sk"))
+
+
 def fold_unicode(text: str) -> str:
-    """Accents and ligatures to plain letters: NFKD, combining marks dropped, then the letters NFKD keeps."""
+    """Accents and ligatures to plain letters: NFKD, combining marks and spacing modifiers dropped, then the letters
+    NFKD keeps."""
     decomposed = unicodedata.normalize("NFKD", text.translate(_FOLD))
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    return "".join(ch for ch in decomposed if not _is_mark(ch))
 
 
 def _date(day: str, month: str, year: str) -> str:

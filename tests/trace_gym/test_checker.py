@@ -104,3 +104,14 @@ def test_an_env_whose_tool_cannot_run_fails_the_check() -> None:
     check_trace_env(DiceEnv, skip_gym_check=True)
     with pytest.raises(RuntimeError, match="could not start"):
         check_trace_env(BrokenDice, skip_gym_check=True)
+
+
+def test_a_passing_env_says_what_was_checked(capsys) -> None:
+    from trace_gym.checker import check_trace_env
+
+    report = check_trace_env("tests.trace_gym.toy_envs:VaultEnv", skip_gym_check=True)
+    line = capsys.readouterr().out.strip()
+    assert line == str(report) and line.startswith("tests.trace_gym.toy_envs:VaultEnv conforms: ")
+    assert "3 scripts of 3 turns" in line and "expert turns" in line and "no process left" in line
+    check_trace_env("tests.trace_gym.toy_envs:VaultEnv", skip_gym_check=True, quiet=True)
+    assert capsys.readouterr().out == ""

@@ -92,3 +92,34 @@ def test_expert_is_declared_and_none_means_the_env_has_none() -> None:
     assert TextEnv.expert is None and Lookup.expert is None
     with pytest.raises(ConfigError, match="scripted expert"):
         policy_from_spec("expert", make_env=lambda: Lookup(tasks=[Task(id="t", prompt="Look up a.")]))
+
+
+def test_tool_instructions_are_appended_unless_switched_off() -> None:
+    from trace_gym.actions import TagParser
+
+    env = Lookup()
+    assert env.system_message().startswith(env.system_prompt + "\n\n") and "<tool_call>" in env.system_message()
+    assert Lookup(tool_instructions=False).system_message() == env.system_prompt
+    assert Lookup(parser=TagParser(), tool_instructions=False).native_system_message() == env.system_prompt
+
+    class Quiet(Lookup):
+        tool_instructions = False
+
+    assert Quiet().system_message() == Quiet().native_system_message() == env.system_prompt
+
+
+def test_the_native_system_message_drops_the_text_format_and_keeps_a_subclass_addition() -> None:
+    from trace_gym.actions import TagParser
+    from trace_gym.env import NATIVE_INSTRUCTIONS
+
+    class Noted(Lookup):
+        compact_prompt = "Use <lookup>, then <answer>."
+
+        def system_message(self) -> str:
+            return super().system_message() + " Be brief."
+
+    for parser in (HermesParser(), TagParser()):
+        native = Noted(parser=parser).native_system_message()
+        assert NATIVE_INSTRUCTIONS in native and "<tool_call>" not in native and "<lookup>" not in native
+        assert native.startswith(Noted.system_prompt)
+    assert Noted().native_system_message().endswith(" Be brief.")

@@ -130,6 +130,18 @@ def test_a_keyword_argument_of_a_registered_env_is_checked_too():
         make_env("trace/Arithmetic-v0", n_taks=3)
 
 
+def test_the_did_you_mean_suggests_only_a_keyword_that_takes_the_value():
+    """HotpotQA's nearest keyword to n_tasks is tasks, a sequence of Task objects: an integer cannot go there, so
+    the fix says how to play fewer tasks instead; a string keyword still gets its suggestion."""
+    with pytest.raises(ConfigError) as caught:
+        make_env("trace/HotpotQA-v0", n_tasks=3)
+    assert "did you mean" not in str(caught.value) and "--tasks N" in str(caught.value)
+    with pytest.raises(ConfigError, match="did you mean action_format"):
+        make_env("trace/HotpotQA-v0", actionformat="tags")
+    with pytest.raises(ConfigError, match="did you mean top_k"):
+        make_env("trace/HotpotQA-v0", top_kk=2)
+
+
 def test_a_type_error_inside_the_constructor_keeps_its_traceback(user_module):
     name, _ = user_module
     with pytest.raises(TypeError, match="bogus"):

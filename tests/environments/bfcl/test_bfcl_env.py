@@ -131,3 +131,19 @@ def test_env_expert_follows_the_expert_protocol_and_solves_its_task():
         _, reward, terminated, truncated, info = env.step(expert.act(env.task, info["messages"]))
         done = terminated or truncated
     assert reward == 1.0
+
+
+def test_without_bfcl_eval_the_env_says_what_to_install(monkeypatch):
+    """One line with the fix, from the constructor: not a traceback from the first step."""
+    import sys
+
+    from trace_gym.environments.bfcl.backends import BFCL_INSTALL
+    from trace_gym.environments.bfcl.env import BFCLMultiTurnEnv, BFCLSingleTurnEnv
+    from trace_gym.errors import ConfigError
+
+    for name in [m for m in sys.modules if m == "bfcl_eval" or m.startswith("bfcl_eval.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "bfcl_eval", None)
+    for env in (BFCLMultiTurnEnv, BFCLSingleTurnEnv):
+        with pytest.raises(ConfigError, match=BFCL_INSTALL.replace(".", r"\.")):
+            env()

@@ -30,6 +30,9 @@ LEGITIMATE = [
     ("the Beatles.", ["Beatles"]),
     ("Crime After Crime", ["Crime After Crime (Film)"]),  # Wikipedia's disambiguator
     ("Stanley Hall", ["G. Stanley Hall", "Stanley Hall"]),  # an alias
+    ("Hawaii", ["Hawai\u02bbi"]),  # the okina, a modifier letter
+    ("Oahu", ["O\u02bbahu"]),
+    ("Hawaiʻi", ["Hawaii"]),
 ]
 
 
@@ -66,6 +69,13 @@ def test_hedges_on_the_bundled_2wiki_comparisons_all_score_0() -> None:
 
 def test_normalisation_folds_letters_nfkd_leaves() -> None:
     assert normalize_answer("Łódź Æsir straße") == "lodz aesir strasse"
+
+
+def test_modifier_letters_of_other_scripts_stay_letters() -> None:
+    """Only U+02B0-U+02FF's modifiers go: the Japanese long-vowel mark and iteration mark are parts of words."""
+    assert normalize_answer("ラーメン") != normalize_answer("ラメン")
+    assert normalize_answer("時々") != normalize_answer("時")
+    assert normalize_answer("Hawai\u02bci ˈstress") == "hawaii stress"
 
 
 def test_unknown_reward_name_is_a_config_error() -> None:
