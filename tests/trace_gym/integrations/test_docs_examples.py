@@ -59,3 +59,16 @@ def test_the_vf_eval_command_runs_against_a_server(tmp_path):
     episodes = [json.loads(x) for p in (tmp_path / "outputs").rglob("traces.jsonl") for x in p.read_text().split("\n")
                 if x]
     assert [t["rewards"]["env_reward"]["score"] for e in episodes for t in e["traces"]] == [1.0] * 4
+
+
+@pytest.mark.slow
+def test_the_vf_validate_command_runs_and_passes(tmp_path):
+    pytest.importorskip("verifiers")
+    line = next(c for block in re.findall(r"```bash\n(.*?)```", DOC, flags=re.DOTALL) for c in block.splitlines()
+                if c.startswith("vf-validate"))
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": path}
+    result = subprocess.run(["bash", "-c", line], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    summary = json.loads(next((tmp_path / "outputs").rglob("summary.json")).read_text())
+    assert summary["valid_rate"] == 1.0 and summary["outcomes"]["valid"] == 4
