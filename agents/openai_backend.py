@@ -21,8 +21,11 @@ Failures: transient ones (connection errors and timeouts once the server has ans
 retried by the SDK with exponential backoff, honouring ``Retry-After``; each retry is logged as a warning
 (logger ``trace_gym.agents.openai_backend``, on stderr by default) with its count, so that a slow server is
 seen waiting. A server never reached (connection refused, unknown host, connect timeout) is not retried: the
-error says so at once. After the retries, or for a refused request (4xx), `ServerError` carries the server's
-message; a caller that plays many episodes (`trace-gym eval`) records it for that episode and goes on.
+error says so at once. A request that still fails after its retries, or that the server refuses because its
+conversation outgrew the context, is that row's error: the generation comes back with `Generation.error` (the
+server's message and the fix), and a caller that plays many episodes (`trace-gym eval`) ends that episode with
+the error on record and goes on. Other refusals (4xx: a key, a model name, a field the server does not take)
+would meet every request alike: they raise `ServerError`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ __all__ = ["RETRY_STATUS", "OpenAIPolicy", "ServerError"]
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 """Statuses worth a retry (the SDK retries these and every other 5xx)."""
+
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a connection: a host that does not answer within it is unreachable, not slow."""
 
@@ -95,7 +99,16 @@ class OpenAIPolicy:
         self._resolve_server()
         keys = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(len(keys), 1))) as pool:
-            return list(pool.map(lambda key: self._one(requests[key[0]], sampling, *key), keys))
+            return list(pool.map(lambda key: self._row(requests[key[0]], sampling, *key), keys))
+
+    def _row(self, req: Request, sampling: SamplingParams, i: int, j: int) -> Generation:
+        """One row; a request that failed after its retries, or that the server refused for its content, is the
+        row's `Generation.error` (the `Policy` contract); a setup failure raises."""
+        try:
+            return self._one(req, sampling, i, j)
+        except _RowError as exc:
+            return Generation(text="", token_ids=[], logprobs=[], finish_reason="error", prompt_tokens=0,
+                              request_index=i, sample_index=j, error=str(exc))
 
     def _resolve_server(self) -> None:
         """Settle ``server="auto"``: vLLM when its model list says so, else the standard fields only."""
@@ -210,15 +223,16 @@ class OpenAIPolicy:
         except openai.APIStatusError as exc:
             detail = f"HTTP {exc.status_code}: {exc.response.text[:500]}"
             if exc.status_code in RETRY_STATUS or exc.status_code >= 500:
-                raise ServerError(f"expected an answer from {url}, got {detail} (after {self.max_retries} retries); "
-                                  "fix: check that the server is up and serves this model") from None
-            raise ServerError(f"expected an answer from {url}, got {detail} (refused, not retried); fix: "
-                              f"{_refusal_fix(detail, body)}") from None
+                raise _RowError(f"expected an answer from {url}, got {detail} (after {self.max_retries} retries); "
+                                "fix: check that the server is up and serves this model") from None
+            error = _RowError if _too_long(detail) else ServerError
+            raise error(f"expected an answer from {url}, got {detail} (refused, not retried); fix: "
+                        f"{_refusal_fix(detail, body)}") from None
         except openai.APIConnectionError as exc:  # APITimeoutError included
             cause = exc.__cause__ or exc
-            raise ServerError(f"expected a response from {url}, got {type(cause).__name__}: {cause} (after "
-                              f"{self.max_retries} retries); fix: check that the server is up and serves this "
-                              "model") from None
+            raise _RowError(f"expected a response from {url}, got {type(cause).__name__}: {cause} (after "
+                            f"{self.max_retries} retries); fix: check that the server is up and serves this "
+                            "model") from None
         try:
             out = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -227,6 +241,11 @@ class OpenAIPolicy:
             raise ServerError(f"expected a JSON object from {url}, got {raw[:200]!r}; fix: check that the base "
                               "URL points at an OpenAI-compatible API (it usually ends in /v1)")
         return out
+
+
+class _RowError(ServerError):
+    """A failure of one request (its retries spent, or refused for what it asked): that row's error, not the
+    caller's; `OpenAIPolicy.models` and direct calls still see it raised."""
 
 
 class _Unreachable(openai.APIConnectionError):
@@ -277,9 +296,14 @@ def _first_choice(response: dict[str, Any], path: str) -> dict[str, Any]:
     return choices[0]
 
 
+def _too_long(detail: str) -> bool:
+    """Whether a refusal says the conversation outgrew the model's context (vLLM's and OpenAI's wording)."""
+    return any(w in detail.lower() for w in ("context length", "maximum context", "context_length_exceeded"))
+
+
 def _refusal_fix(detail: str, body: dict[str, Any] | None) -> str:
     """The fix for a request the server refused (4xx): a context overflow, tools without a parser, else a name."""
-    if "context length" in detail.lower() or "maximum context" in detail.lower():
+    if _too_long(detail):
         return ("the conversation outgrew the server's context; serve with a longer context (vllm serve "
                 "--max-model-len), or lower --max-new-tokens or the env's max_turns")
     if body is not None and "tools" in body and "tool" in detail.lower():

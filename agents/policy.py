@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from trace_gym.errors import ConfigError
 from trace_gym.seeds import derive
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "error"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ class Generation:
     """One per token id, by the convention in the module docstring; empty when the policy cannot score
     its text (scripted experts)."""
     finish_reason: FinishReason
-    """"stop" (end-of-turn token or stop string) or "length" (max_new_tokens)."""
+    """"stop" (end-of-turn token or stop string), "length" (max_new_tokens) or "error" (no generation: see
+    ``error``)."""
     prompt_tokens: int
     """Length of the prompt the tokens continue."""
     prompt_ids: list[int] = field(default_factory=list)
@@ -119,6 +120,9 @@ class Generation:
     """Index of the request in the `generate` call."""
     sample_index: int = 0
     """Index among the request's `n` samples."""
+    error: str | None = None
+    """Why this row has no generation: a server request that failed after its retries (the HTTP backend). The
+    caller ends that episode with the error on record (reward 0) and goes on with the others."""
 
 
 @runtime_checkable
@@ -127,7 +131,9 @@ class Policy(Protocol):
 
     Contract: `generate` returns `len(requests) * sampling.n` generations ordered request-major (all samples
     of request 0, then request 1, ...), each with `request_index`/`sample_index` set. It never raises on model
-    output. With a seed, the result for a (request, sample) pair does not depend on the batch it came in.
+    output, nor for one row whose request failed (that row carries `Generation.error`); a setup failure (a server
+    never reached, a wrong model name or key) raises. With a seed, the result for a (request, sample) pair does
+    not depend on the batch it came in.
     """
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:

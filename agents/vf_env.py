@@ -42,7 +42,7 @@ from verifiers.v1.configs.harness import HarnessConfig
 from verifiers.v1.harness import Harness
 from verifiers.v1.runtimes import ProgramResult
 
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, ServerError
 from trace_gym.integrations.session import EnvSession
 
 __all__ = ["TraceGymEnv", "TraceGymHarness", "TraceGymTask", "TraceGymTaskset"]
@@ -174,8 +174,10 @@ class TraceGymHarness(Harness[TraceGymHarnessConfig]):
                                     max_new_tokens=int(sampling.max_tokens or self.config.max_tokens))
             reward, turns, done = 0.0, 0, False
             while not done:
-                text = policy.generate([Request(messages=messages)], params)[0].text
-                out = session.step(text)
+                gen = policy.generate([Request(messages=messages)], params)[0]
+                if gen.error is not None:  # verifiers records the rollout's error; the episode has no reward
+                    raise ServerError(gen.error)
+                out = session.step(gen.text)
                 turns += 1
                 reward, done = out["reward"], out["done"]
                 messages = session.messages()

@@ -58,11 +58,29 @@ def test_a_refused_request_is_not_retried_and_carries_the_servers_message():
     assert len(server.requests) == 1
 
 
-def test_giving_up_after_the_retries_is_a_user_error():
-    with ScriptedServer(_failing_first(99, 502)) as server, pytest.raises(UserError, match="after 2 retries"):
-        OpenAIPolicy(server.url, "m", max_retries=2, server="openai").generate([Request(messages=MSGS)],
-                                                                               SamplingParams())
-    assert len(server.requests) == 3
+def test_a_request_failing_after_its_retries_is_that_rows_error_and_the_others_answer():
+    seen = {"n": 0}
+
+    def second_fails(path, body):
+        seen["n"] += 1
+        return (502, {}, b'{"error": "down"}') if body["messages"][0]["content"] == "fail" else chat()
+
+    with ScriptedServer(second_fails) as server:
+        out = OpenAIPolicy(server.url, "m", max_retries=2, server="openai", concurrency=1).generate(
+            [Request(messages=MSGS), Request(messages=[{"role": "user", "content": "fail"}]), Request(messages=MSGS)],
+            SamplingParams())
+    assert [g.error is None for g in out] == [True, False, True] and seen["n"] == 5
+    assert out[1].finish_reason == "error" and out[1].text == "" and "after 2 retries" in out[1].error
+
+
+def test_a_conversation_past_the_context_is_that_rows_error_but_other_refusals_raise():
+    too_long = b'{"error": "This model\'s maximum context length is 4096 tokens"}'
+    with ScriptedServer(lambda path, body: (400, {}, too_long)) as server:
+        out = OpenAIPolicy(server.url, "m", server="openai").generate([Request(messages=MSGS)], SamplingParams())
+    assert "max-model-len" in out[0].error
+    with ScriptedServer(lambda path, body: (401, {}, b'{"error": "bad key"}')) as server, \
+            pytest.raises(UserError, match="bad key"):
+        OpenAIPolicy(server.url, "m", server="openai").generate([Request(messages=MSGS)], SamplingParams())
 
 
 def _free_port() -> int:
@@ -82,8 +100,9 @@ def test_a_server_lost_after_answering_is_retried_then_an_error(caplog):
     with ScriptedServer() as server:
         policy = OpenAIPolicy(server.url, "m", max_retries=1)
         policy.generate([Request(messages=MSGS)], SamplingParams())
-    with caplog.at_level(logging.WARNING), pytest.raises(ServerError, match="after 1 retries"):
-        policy.generate([Request(messages=MSGS)], SamplingParams())
+    with caplog.at_level(logging.WARNING):
+        out = policy.generate([Request(messages=MSGS)], SamplingParams())
+    assert "after 1 retries" in out[0].error and "ConnectError" in out[0].error
     assert any("retry 1 of 1" in r.getMessage() for r in caplog.records)
 
 
