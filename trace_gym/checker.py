@@ -60,7 +60,8 @@ class ConformanceReport:
                   f"{self.scripts} scripts of {self.depth} turns, each restored {self.branches} times natively, "
                   "from a replay and into a fresh instance, identically",
                   f"calls of {', '.join(self.tools)}" if self.tools else "no declared tools",
-                  "expert turns" if self.expert else "no expert (generated actions only)",
+                  "expert turns" if self.expert else "no expert: schema-generated calls only, so state that only a "
+                  "right argument reaches (a key, a code) went unchecked",
                   "no process left after close"]
         return f"{self.env} conforms: " + "; ".join(checks)
 

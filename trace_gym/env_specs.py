@@ -23,7 +23,8 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -105,6 +106,18 @@ class EnvFactory:
                 raise
             raise ConfigError(f"expected expert options that {type(base).__name__}.expert takes, got "
                               f"{sorted(options)} ({exc}); fix: drop them from sft.expert") from None
+
+    @contextmanager
+    def reading(self) -> Iterator[gym.Env]:
+        """The env the factory holds for its answers, for a caller that reads more of it (its tool declarations and
+        system message, a task's first messages after ``reset``); closed on leaving unless the factory held it
+        already (for its expert). Nothing played on it counts: episodes run on envs the factory makes."""
+        held = "env" in self._cache
+        try:
+            yield self._env()
+        finally:
+            if not held:
+                self.close()
 
     def close(self) -> None:
         """Close the env the factory holds for its answers (a later question builds it again)."""

@@ -1,5 +1,10 @@
-"""Intervals for reported figures: the t-interval of a mean over independent draws and the paired
-difference of two evaluations of the same prompts."""
+"""Intervals for reported figures: the Wilson score interval of a success rate, the t-interval of a mean over
+independent draws and the paired difference of two evaluations of the same prompts.
+
+A success rate gets Wilson's interval, not mean +- t * sd / sqrt(n): at 0 or 1 every draw is the same, the
+sample deviation is 0, and the t-interval shrinks to the point ([1.000, 1.000] after 5 of 5 as after 50 of 50),
+while Wilson's stays inside [0, 1] and widens as n falls (5 of 5: [0.566, 1]; 50 of 50: [0.929, 1]).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,24 @@ def mean_ci95(values: Sequence[float | None]) -> tuple[float, float, int]:
         return (float(x[0]) if len(x) else float("nan")), float("nan"), len(x)
     t = _T95[len(x) - 2] if len(x) - 1 <= len(_T95) else 1.96
     return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(len(x))), len(x)
+
+
+Z95 = 1.959964
+"""The normal quantile of a two-sided 95% interval."""
+
+
+def wilson_interval(rate: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of a rate measured on ``n`` independent draws, each scoring in
+    [0, 1]: exact coverage theory for 0/1 draws; for draws that are themselves means of 0/1 samples (a prompt's
+    success over several samples) the binomial variance is an upper bound on theirs, so the interval errs wide.
+    NaN bounds without draws."""
+    if n < 1 or not np.isfinite(rate):
+        return float("nan"), float("nan")
+    p = min(max(float(rate), 0.0), 1.0)
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
 
 
 @dataclass(frozen=True)

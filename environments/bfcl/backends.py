@@ -33,7 +33,7 @@ from trace_gym.environments.bfcl.calls import Call
 from trace_gym.environments.bfcl.data import FUNC_DOC_FILES
 from trace_gym.environments.bfcl.schema import parameters_schema
 from trace_gym.environments.sandbox.bounded import Bound, bounded_call
-from trace_gym.errors import ConfigError
+from trace_gym.errors import SetupError
 
 # bfcl_eval.utils creates result folders under its project root at import; keep them out of the cwd.
 os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "trace_gym_bfcl"))
@@ -74,17 +74,17 @@ cohere, mistral, qwen-agent, sentence-transformers, faiss ...), which the checke
 
 
 def require_bfcl_eval() -> None:
-    """``ConfigError`` with the install line when bfcl-eval is absent (one line from the command, not a traceback
+    """``SetupError`` with the install line when bfcl-eval is absent (one line from the command, not a traceback
     from deep inside the first step)."""
     try:
         importlib.import_module(_MODULE_PREFIX + _CLASS_MODULES["MathAPI"])
     except ImportError as e:
-        raise ConfigError(f"expected the bfcl-eval package for the BFCL envs, got ImportError: {e}; fix: "
+        raise SetupError(f"expected the bfcl-eval package for the BFCL envs, got ImportError: {e}; fix: "
                           f"{BFCL_INSTALL}") from None
 
 
 def backend_class(name: str) -> type:
-    """The bfcl-eval backend class called `name` (`ConfigError` with the install line if bfcl-eval is absent)."""
+    """The bfcl-eval backend class called `name` (`SetupError` with the install line if bfcl-eval is absent)."""
     if name not in _CLASS_MODULES:
         raise ValueError(f"expected a BFCL backend class in {sorted(_CLASS_MODULES)}, got {name!r}")
     require_bfcl_eval()

@@ -60,15 +60,17 @@ def test_the_checker_plays_the_expert_and_finds_state_behind_a_valid_argument() 
     assert len(str(caught.value)) < 400 and "the vault" in str(caught.value)
 
 
-def test_without_its_expert_the_leaky_vault_goes_unnoticed() -> None:
-    """What the expert adds: generated codes never open the vault, so the leak never shows."""
+def test_without_an_expert_the_report_says_what_went_unchecked() -> None:
+    """What the expert adds: generated codes never open the vault, so its leak cannot show; a pass without an
+    expert says that it played schema-generated calls only."""
     from tests.trace_gym.toy_envs import VaultEnv
     from trace_gym.checker import check_trace_env
 
     class NoExpert(VaultEnv):
         expert = None  # type: ignore[assignment]
 
-    check_trace_env(lambda: NoExpert(leaky=True), skip_gym_check=True)
+    report = check_trace_env(lambda: NoExpert(leaky=True), skip_gym_check=True, quiet=True)
+    assert not report.expert and "no expert: schema-generated calls only" in str(report)
 
 
 def test_a_mismatch_names_the_first_differing_field_and_trims_both_values() -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_gym.agents.specs import Backend, PolicyOptions
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, ServerError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -91,13 +91,14 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
                           "a local vllm serve needs none)")
     pol.add_argument("--tokenizer", metavar="PATH", help="server: a local tokenizer; prompts are then sent as "
                                                          "token ids (exact ids, as training records them)")
-    pol.add_argument("--server", choices=["vllm", "openai"],
-                     help=f"server: 'vllm' asks for vLLM's extra fields, 'openai' sends standard ones only "
-                          f"(default: {opts.server})")
+    pol.add_argument("--server", choices=["auto", "vllm", "openai"],
+                     help=f"server: 'vllm' asks for vLLM's extra fields (exact token ids), 'openai' sends the "
+                          f"standard ones only, 'auto' asks the server's model list (default: {opts.server})")
     pol.add_argument("--tool-calls", choices=["native", "text"],
-                     help="server: 'native' sends the env's tools and reads the answer's tool_calls (a server with a "
-                          "tool-call parser, e.g. vllm serve --enable-auto-tool-choice --tool-call-parser hermes); "
-                          f"'text' lets the model write calls as text (default: {opts.tool_calls})")
+                     help="server: 'native' sends the env's tools and reads the answer's tool_calls, a reply "
+                          "without them being the final answer (the OpenAI API's form; a hosted model, or vllm serve "
+                          "--enable-auto-tool-choice --tool-call-parser hermes); 'text' lets the model write calls "
+                          f"as text (default: {opts.tool_calls})")
     pol.add_argument("--concurrency", type=int, metavar="N",
                      help=f"server: most requests in flight at once (default: {opts.concurrency})")
     pol.add_argument("--max-retries", type=int, metavar="N",
@@ -296,7 +297,10 @@ def run(command: str, args: argparse.Namespace, console: Console | None = None) 
     about = {"command": command, "env": plan.env, "env_args": plan.env_args, "policy": plan.policy,
              "samples": plan.samples, "branches": plan.branches, "temperature": plan.temperature,
              "max_new_tokens": plan.max_new_tokens, "seed": plan.seed}
-    report(result, about, time.perf_counter() - start, plan.out, console, plan.as_json)
+    summary = report(result, about, time.perf_counter() - start, plan.out, console, plan.as_json)
+    if result.episodes and result.errors == result.episodes:  # not the model's score: the server never answered
+        raise ServerError(f"every one of the {result.episodes} episodes ended on a failed request (rows written "
+                          f"with each error); the first: {summary['first_error']}")
     return 0
 
 
@@ -339,15 +343,17 @@ def _write_lines(path: Path, lines: Iterator[str]) -> None:
 
 
 def summarise(result: EvalResult, about: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """The summary of an evaluation: ``about`` (what ran) plus tasks, episodes, success with its 95% interval
-    over tasks (None below two tasks), tasks with mixed outcomes, mean turns, stop reasons and seconds."""
+    """The summary of an evaluation: ``about`` (what ran) plus tasks, episodes, success with its 95% Wilson
+    interval over tasks (None without tasks), tasks with mixed outcomes, mean turns, stop reasons, the episodes
+    whose generation failed (``errors``, each scored 0, and the first such error) and seconds."""
     lo, hi = result.interval()
     turns = [n for t in result.tasks for n in t.turns]
     reasons = Counter(r for t in result.tasks for r in t.stop_reasons)
+    first_error = next((e for t in result.tasks for e in t.errors if e), None)
     return {**about, "tasks": len(result.tasks), "episodes": result.episodes, "success": _num(result.success),
             "success_ci95": [_num(lo), _num(hi)], "mixed_tasks": sum(t.mixed for t in result.tasks),
             "mean_turns": sum(turns) / len(turns) if turns else 0.0, "stop_reasons": dict(reasons.most_common()),
-            "seconds": round(seconds, 2)}
+            "errors": result.errors, "first_error": first_error, "seconds": round(seconds, 2)}
 
 
 def _num(x: float) -> float | None:
@@ -370,10 +376,8 @@ def report(result: EvalResult, about: dict[str, Any], seconds: float, out: Path 
 def success_text(summary: dict[str, Any]) -> str:
     """``0.850 (95% interval 0.780 to 0.920)``: the success and its interval as the table shows them."""
     success, (lo, hi) = summary["success"], summary["success_ci95"]
-    if success is None:
+    if success is None or lo is None:
         return "n/a (no tasks)"
-    if lo is None:
-        return f"{success:.3f} (no interval: one task; fix: --tasks 2 or more)"
     return f"{success:.3f} (95% interval {lo:.3f} to {hi:.3f})"
 
 
@@ -394,8 +398,11 @@ def summary_table(summary: dict[str, Any]) -> Any:
             ("success", success_text(summary)),
             ("mixed tasks", f"{summary['mixed_tasks']} of {summary['tasks']} (both a success and a failure)"),
             ("mean turns", f"{summary['mean_turns']:.2f}"),
-            ("stop reasons", ", ".join(f"{k} {v}" for k, v in summary["stop_reasons"].items()) or "-"),
-            ("seconds", f"{summary['seconds']:.1f}")]
+            ("stop reasons", ", ".join(f"{k} {v}" for k, v in summary["stop_reasons"].items()) or "-")]
+    if summary.get("errors"):
+        rows.append(("errors", f"{summary['errors']} of {summary['episodes']} episodes ended on a failed request "
+                               f"(scored 0); the first: {summary['first_error']}"))
+    rows.append(("seconds", f"{summary['seconds']:.1f}"))
     rows += [(kind, path) for kind, path in summary.get("files", {}).items()]
     for name, value in rows:
         table.add_row(name, value)

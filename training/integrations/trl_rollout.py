@@ -8,31 +8,73 @@ trained, with the exact tokens the trainer then scores.
 
 `dataset()` gives one row per task (its prompt: the env's system and user messages); the trainer's batch
 repeats each row ``num_generations`` times and hands the prompts to the rollout, which finds each prompt's task,
-plays one episode per copy through trace-gym's collector (`TreeCollector`, on `HFPolicy` over the trainer's
-model) and returns, per episode, ``prompt_ids`` (the rendered prompt), ``completion_ids`` (every turn's sampled
-ids followed by the ids of the env's answer, as the chat template renders it), ``env_mask`` (1 on sampled ids,
-0 on the env's), ``logprobs`` (the behaviour logprobs of the sampled ids, 0 on the env's) and ``env_reward``,
-which `reward` passes to the trainer. Torch and TRL are imported when a rollout runs, not with this module.
+plays one episode per copy through trace-gym's collector (`TreeCollector`) and returns, per episode,
+``prompt_ids`` (the rendered prompt), ``completion_ids`` (every turn's sampled ids followed by the ids of the
+env's answer, as the chat template renders it), ``env_mask`` (1 on sampled ids, 0 on the env's), ``logprobs``
+(the behaviour logprobs of the sampled ids, 0 on the env's), ``env_reward``, which `reward` passes to the
+trainer, and ``env_truncated``. Torch and TRL are imported when a rollout runs, not with this module.
+
+TRL's settings hold:
+- ``max_completion_length`` bounds the whole completion, as it does TRL's own tool loop: a turn samples at most
+  that many tokens, and an episode whose completion (its turns and the env's answers) is longer is cut there,
+  flagged ``env_truncated = 1`` and scored 0, since the tokens the trainer sees stop before the end the env
+  scored (as an episode cut by the env's ``max_turns`` earns nothing); each call that cut one logs a warning.
+- ``use_vllm``: turns are sampled by the trainer's own vLLM engine, ``trainer.vllm_generation.llm`` in
+  ``vllm_mode="colocate"`` (through `VLLMPolicy`; TRL syncs the trainer's weights into it before each rollout),
+  else by `HFPolicy` on ``trainer.model``. The server mode, tensor parallelism and sleep mode are refused with
+  the fix: their generate call is collective over processes (every process must call it equally often) or
+  frees the weights between calls, while episodes end at different turns.
+- ``temperature``, ``top_p`` and ``top_k`` are the trainer's; ``min_p`` and ``repetition_penalty`` are not
+  applied (the logprob convention of trace_gym.agents.policy has no place for them).
 
 Choices:
 1. Each call gets a fresh collector (the trainer's model changes between calls; the envs are rebuilt, which
    the Arithmetic sandbox does in well under a second).
-2. The sampling temperature and top-p are the trainer's (``args.temperature``, ``args.top_p``); the tokens per
-   turn and the context are this adapter's, since a turn is not a completion.
+2. The tokens per turn and the context are this adapter's (``max_new_tokens``, ``max_context``), since a turn
+   is not a completion; ``max_completion_length`` caps both.
 3. Sampling is seeded from the trainer's step and seed, so a rerun plays the same episodes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trace_gym.agents.policy import Policy
 from trace_gym.env_specs import env_factory
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
 
-__all__ = ["TraceGymRollout"]
+__all__ = ["TraceGymRollout", "trainer_policy"]
+
+log = logging.getLogger(__name__)
+
+
+def trainer_policy(trainer: Any) -> Policy:
+    """The policy that samples a trainer's turns: its colocated vLLM engine with ``use_vllm``, else transformers
+    on its model (module docstring)."""
+    tokenizer = trainer.processing_class
+    if not getattr(trainer, "use_vllm", False):
+        from trace_gym.agents.hf import HFPolicy
+
+        return HFPolicy(trainer.accelerator.unwrap_model(trainer.model), tokenizer)
+    generation = trainer.vllm_generation
+    refused = []
+    if generation.mode != "colocate":
+        refused.append(f"vllm_mode={generation.mode!r}")
+    if int(getattr(generation, "tensor_parallel_size", 1)) > 1:
+        refused.append(f"vllm_tensor_parallel_size={generation.tensor_parallel_size}")
+    if getattr(generation, "enable_sleep_mode", False):
+        refused.append("vllm_enable_sleep_mode=True")
+    if refused:
+        raise ConfigError(f"expected use_vllm with vllm_mode='colocate', one GPU per engine and no sleep mode for "
+                          f"multi-turn episodes, got {', '.join(refused)}; fix: GRPOConfig(vllm_mode='colocate', "
+                          "vllm_tensor_parallel_size=1, vllm_enable_sleep_mode=False), or use_vllm=False")
+    from trace_gym.agents.vllm import VLLMPolicy
+
+    return VLLMPolicy(generation.llm, tokenizer)
 
 
 class TraceGymRollout:
@@ -44,16 +86,12 @@ class TraceGymRollout:
         self.spec, self.env_args = spec, dict(env_args or {})
         self.make_env = env_factory(spec, self.env_args)
         self.max_new_tokens, self.max_context, self.workers = max_new_tokens, max_context, workers
-        probe = self.make_env()
-        try:
-            base = probe.unwrapped
-            self.tasks: list[Task] = list(base.tasks)
-            self._prompts: dict[str, list[dict[str, Any]]] = {}
+        self.tasks: list[Task] = self.make_env.tasks()
+        self._prompts: dict[str, list[dict[str, Any]]] = {}
+        with self.make_env.reading() as env:
             for task in self.tasks:
-                _, info = probe.reset(options={"task": task})
+                _, info = env.reset(options={"task": task})
                 self._prompts[task.id] = [dict(m) for m in info["messages"]]
-        finally:
-            probe.close()
         self._by_prompt = {_key(m): tid for tid, m in reversed(list(self._prompts.items()))}
         self.last: dict[str, Any] = {}
         """The last call's episodes per prompt (task id, rewards, turns), for logs and tests."""
@@ -75,7 +113,6 @@ class TraceGymRollout:
         return next(t for t in self.tasks if t.id == tid)
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
-        from trace_gym.agents.hf import HFPolicy
         from trace_gym.agents.policy import SamplingParams
         from trace_gym.seeds import derive
         from trace_gym.training.rollout.collector import TreeCollector, path_tokens
@@ -84,12 +121,13 @@ class TraceGymRollout:
         counts: dict[str, int] = defaultdict(int)
         for task in tasks:
             counts[task.id] += 1
-        model = trainer.accelerator.unwrap_model(trainer.model)
         tokenizer = trainer.processing_class
         args = trainer.args
-        policy = HFPolicy(model, tokenizer)
+        limit = getattr(args, "max_completion_length", None)
+        policy = trainer_policy(trainer)
         sampling = SamplingParams(temperature=float(args.temperature), top_p=float(args.top_p or 1.0),
-                                  max_new_tokens=self.max_new_tokens)
+                                  top_k=max(int(getattr(args, "top_k", 0) or 0), 0),
+                                  max_new_tokens=min(self.max_new_tokens, int(limit or self.max_new_tokens)))
         unique = {t.id: t for t in tasks}
         collector = TreeCollector(policy, self.make_env, list(unique.values()), sampling, tokenizer, "replay",
                                   self.workers, self.max_context)
@@ -102,7 +140,8 @@ class TraceGymRollout:
         finally:
             collector.close()
         out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-                                     "env_reward": [], "env_turns": []}
+                                     "env_reward": [], "env_turns": [], "env_truncated": []}
+        longest = 0
         for task in tasks:
             leaf = leaves[task.id].pop(0)
             tree = trees[task.id]
@@ -115,14 +154,24 @@ class TraceGymRollout:
                 sampled = seg.kind == "action"
                 mask += [int(sampled)] * n
                 logps += list(seg.logprobs) if sampled and seg.logprobs and len(seg.logprobs) == n else [0.0] * n
+            completion = record[prompt_end:]
+            longest = max(longest, len(completion))
+            cut = limit is not None and len(completion) > int(limit)
+            if cut:
+                completion, mask, logps = completion[:limit], mask[:limit], logps[:limit]
             out["prompt_ids"].append(record[:prompt_end])
-            out["completion_ids"].append(record[prompt_end:])
+            out["completion_ids"].append(completion)
             out["env_mask"].append(mask)
             out["logprobs"].append(logps)
-            out["env_reward"].append(float(leaf.reward))
+            out["env_reward"].append(0.0 if cut else float(leaf.reward))
             out["env_turns"].append(int(leaf.depth))
+            out["env_truncated"].append(int(cut))
+        if any(out["env_truncated"]):
+            log.warning("%d of %d episodes were cut at max_completion_length=%d (the longest completion: %d tokens) "
+                        "and scored 0; raise max_completion_length, or lower max_new_tokens or the env's max_turns",
+                        sum(out["env_truncated"]), len(tasks), limit, longest)
         self.last = {"task_ids": [t.id for t in tasks], "rewards": list(out["env_reward"]),
-                     "turns": list(out["env_turns"])}
+                     "turns": list(out["env_turns"]), "truncated": list(out["env_truncated"])}
         return out
 
     @staticmethod

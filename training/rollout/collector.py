@@ -33,6 +33,9 @@ Choices:
 3. A node's replay cost is the env time of its path as played (a step right after a restore counts at least
    as the whole path: a resource-free restore replays it there); the snapshot kind changes what a restore costs,
    never what it restores.
+4. A generation that failed (`Generation.error`: a server request out of retries) ends its rollout without an
+   env step: a leaf with no action, `truncated=True`, reward 0, `info["stop_reason"] = "server_error"` and the
+   error in `info["error"]`; the other rollouts go on.
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ class CollectStats:
     tool_calls: int = 0
     generate_calls: int = 0
     context_cuts: int = 0
+    server_errors: int = 0
+    """Rollouts ended because their generation failed (`Generation.error`: a server request out of retries)."""
     generate_s: float = 0.0
     env_s: float = 0.0
 
@@ -370,6 +375,14 @@ class TreeCollector:
     def _step(self, b: _Branch, g: Generation, stats: CollectStats) -> None:
         state = self._trees[b.task_id]
         w = state.wrapper
+        if g.error is not None:  # no turn to play: the rollout ends here, the error on record, reward 0
+            node = w.tree.add(b.node, "", f"Error: {g.error}", truncated=True,  # type: ignore[union-attr]
+                              info={"stop_reason": "server_error", "error": g.error})
+            node.token_ids, node.finish_reason = [], "error"
+            state.messages[node.id] = list(state.messages[b.node])
+            stats.server_errors += 1
+            b.done = True
+            return
         restored = w.node_id != b.node
         if restored:
             w.branch(b.node)

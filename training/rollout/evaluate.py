@@ -10,8 +10,10 @@ scripted expert trajectory.
 
 Choices:
 1. A sample succeeds when its reward is > 0 (rewards are binary by default); a prompt's score is the mean
-   over its samples, and intervals are Student-t over prompts (prompts are the independent draws; samples of
-   one prompt are not).
+   over its samples, and the success's interval is Wilson's over prompts (prompts are the independent draws;
+   samples of one prompt are not): it means something at 0 and 1, where a t-interval collapses to the point
+   (training/stats.py). A sample whose generation failed (a server out of retries) is a failure, counted in
+   `EvalResult.errors`.
 2. Prompts are played ``chunk`` at a time (default 64) through one collector step each, so at most that many
    envs are open; chunk c samples with seed ``derive(seed, c, 0)``. Callers pass a fresh ``seed`` per
    evaluation (the trainer derives it from (run seed, step)), so repeated evaluations do not reuse draws.
@@ -46,7 +48,7 @@ from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
 from trace_gym.training.config import EvalConfig, RolloutConfig
 from trace_gym.training.rollout.collector import TreeCollector
-from trace_gym.training.stats import PairedDifference, mean_ci95
+from trace_gym.training.stats import PairedDifference, mean_ci95, wilson_interval
 from trace_gym.tree import Node, RolloutTree
 from trace_gym.tree_stats import is_mixed
 
@@ -63,6 +65,8 @@ class TaskOutcome:
     """What each sample said last: the answer the env read, else the last turn's text (capped at 2,000 chars)."""
     tool_calls: tuple[int, ...] = ()
     """Tool calls each sample made (``info["tool_calls"]`` summed over its turns)."""
+    errors: tuple[str | None, ...] = ()
+    """Why each sample's generation failed, when it did (``info["error"]``: a server out of retries), else None."""
 
     @property
     def success(self) -> float:
@@ -80,10 +84,11 @@ class TaskOutcome:
         return is_mixed(np.array([r > 0 for r in self.rewards]), np.ones(len(self.rewards), dtype=bool))
 
     def row(self) -> dict[str, Any]:
-        """The JSONL row of this prompt: task id, success, and each sample's reward, turns, stop reason and answer."""
+        """The JSONL row of this prompt: task id, success, and each sample's reward, turns, stop reason, answer,
+        tool calls and error (None unless its generation failed)."""
         return {"task_id": self.task_id, "success": self.success, "rewards": list(self.rewards),
                 "turns": list(self.turns), "stop_reasons": list(self.stop_reasons), "answers": list(self.answers),
-                "tool_calls": list(self.tool_calls)}
+                "tool_calls": list(self.tool_calls), "errors": list(self.errors)}
 
 
 @dataclass
@@ -109,10 +114,15 @@ class EvalResult:
         """Mean over prompts of the share of samples that called a tool (the habit RL may teach or unteach)."""
         return mean_ci95([t.tool_use for t in self.tasks])[0]
 
+    @property
+    def errors(self) -> int:
+        """Episodes that ended on a failed generation (``stop_reason`` "server_error"), over all prompts."""
+        return sum(r == "server_error" for t in self.tasks for r in t.stop_reasons)
+
     def interval(self) -> tuple[float, float]:
-        """95% interval of `success` over prompts (NaN bounds below two prompts)."""
-        mean, half, _ = mean_ci95([t.success for t in self.tasks])
-        return mean - half, mean + half
+        """95% Wilson interval of `success` over prompts (choice 1; NaN bounds without prompts)."""
+        scored = [t.success for t in self.tasks if np.isfinite(t.success)]
+        return wilson_interval(float(np.mean(scored)) if scored else float("nan"), len(scored))
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
         """Success, its interval bounds, tool use, episodes and mean turns as ``{prefix}name`` floats."""
@@ -120,7 +130,7 @@ class EvalResult:
         turns = [n for t in self.tasks for n in t.turns]
         return {f"{prefix}success": self.success, f"{prefix}success_lo": lo, f"{prefix}success_hi": hi,
                 f"{prefix}tool_use": self.tool_use, f"{prefix}episodes": float(self.episodes),
-                f"{prefix}turns": float(np.mean(turns)) if turns else 0.0}
+                f"{prefix}errors": float(self.errors), f"{prefix}turns": float(np.mean(turns)) if turns else 0.0}
 
     def write(self, rows: str | Path, trees: str | Path | None = None) -> None:
         """Per-task rows as JSONL to ``rows``; the kept trees (the viewer's input) to ``trees`` when given."""
@@ -143,7 +153,7 @@ def _outcome(tree: RolloutTree) -> TaskOutcome:
     leaves = tree.leaves()
     return TaskOutcome(tree.task_id, tuple(float(n.reward) for n in leaves), tuple(n.depth for n in leaves),
                        tuple(_stop_reason(n) for n in leaves), tuple(_answer(n) for n in leaves),
-                       tuple(_tool_calls(tree, n) for n in leaves))
+                       tuple(_tool_calls(tree, n) for n in leaves), tuple(n.info.get("error") for n in leaves))
 
 
 def _tool_calls(tree: RolloutTree, leaf: Node) -> int:

@@ -139,11 +139,11 @@ def test_without_bfcl_eval_the_env_says_what_to_install(monkeypatch):
 
     from trace_gym.environments.bfcl.backends import BFCL_INSTALL
     from trace_gym.environments.bfcl.env import BFCLMultiTurnEnv, BFCLSingleTurnEnv
-    from trace_gym.errors import ConfigError
+    from trace_gym.errors import SetupError
 
     for name in [m for m in sys.modules if m == "bfcl_eval" or m.startswith("bfcl_eval.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "bfcl_eval", None)
     for env in (BFCLMultiTurnEnv, BFCLSingleTurnEnv):
-        with pytest.raises(ConfigError, match=BFCL_INSTALL.replace(".", r"\.")):
+        with pytest.raises(SetupError, match=BFCL_INSTALL.replace(".", r"\.")):
             env()

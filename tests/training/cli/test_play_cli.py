@@ -52,7 +52,9 @@ def test_eval_of_the_expert_prints_the_success_with_its_95_percent_interval(caps
 def test_the_noiseless_expert_solves_every_task_and_the_summary_says_so(capsys):
     summary = run_json(capsys, ["eval", *ARITH, "--policy", "expert", "--samples", "3"])
     assert (summary["tasks"], summary["episodes"], summary["success"]) == (6, 18, 1.0)
-    assert summary["success_ci95"] == [1.0, 1.0] and summary["stop_reasons"] == {"answer": 18}
+    lo, hi = summary["success_ci95"]  # Wilson over 6 tasks: 6 of 6 still leaves room below 1
+    assert 0.55 < lo < 0.62 and hi == 1.0 and summary["stop_reasons"] == {"answer": 18}
+    assert summary["errors"] == 0 and summary["first_error"] is None
     assert summary["env_args"] == {"n_tasks": 6} and summary["mixed_tasks"] == 0
 
 
@@ -164,8 +166,32 @@ def test_failed_requests_are_retried_as_often_as_asked(capsys):
 
 def test_a_server_that_keeps_failing_is_one_line(capsys):
     with ScriptedServer(lambda path, body: (503, {"Retry-After": "0"}, b"{}")) as server:
-        line = user_error(capsys, ["eval", *ARITH, "--policy", server.url, "--max-retries", "0"])
-    assert server.url in line
+        assert main(["eval", *ARITH, "--policy", server.url, "--max-retries", "0"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "fix: " in errors[0]  # the progress lines go on stderr too
+    assert server.url in errors[0] and "every one of the 6 episodes" in errors[0]
+
+
+def test_one_failing_episode_in_five_leaves_the_other_four_scored(capsys, tmp_path):
+    """The server answers every task but one, for which it fails every try: that episode is an error, reward 0,
+    counted and shown; the eval finishes and writes every row."""
+    answer = answers_half(5)
+    env = make_env("trace/Arithmetic-v0", n_tasks=5)
+    doomed = env.unwrapped.tasks[2].prompt
+    env.close()
+
+    def one_fails(path: str, body: dict):
+        question = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        return (502, {}, b'{"error": "upstream down"}') if question == doomed else answer(path, body)
+
+    with ScriptedServer(one_fails) as server:
+        summary = run_json(capsys, ["eval", "--env", "trace/Arithmetic-v0", "--env-arg", "n_tasks=5", "--policy",
+                                    server.url, "--max-retries", "1", "--out", str(tmp_path / "out")])
+    assert (summary["episodes"], summary["errors"], summary["success"]) == (5, 1, 0.4)  # tasks 0 and 4 right
+    assert "upstream down" in summary["first_error"] and summary["stop_reasons"]["server_error"] == 1
+    rows = rows_of(tmp_path / "out" / "rows.jsonl")
+    assert len(rows) == 5 and [r["errors"][0] is not None for r in rows] == [False, False, True, False, False]
+    assert rows[2]["rewards"] == [0.0] and rows[2]["stop_reasons"] == ["server_error"]
 
 
 def test_the_api_key_comes_from_the_named_variable(capsys, monkeypatch):

@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer trains the tiny model on trace-gym envs through `TraceGymRollout` (its rollout_func): a few
 real optimizer steps on the CPU on a user's own env (named module:Class, as the env-spec resolver takes it), whose
-episodes are whole multi-turn env episodes with exact tokens; and the token record on the sandboxed Arithmetic
-env."""
+episodes are whole multi-turn env episodes with exact tokens; the token record on the sandboxed Arithmetic env;
+TRL's max_completion_length holding over whole episodes; and the generation backend following use_vllm (the real
+colocated engine runs in tests/vllm, make test-vllm)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,52 @@ def test_the_rollout_returns_exact_tokens_with_the_env_masked(tiny_dir):
         assert all(lp <= 0 for lp, m in zip(logps, mask) if m) and all(lp == 0 for lp, m in zip(logps, mask) if not m)
     multi = [m for m in out["env_mask"] if 0 in m]
     assert multi and all(1 in m[m.index(0):] for m in multi)  # a turn after the env's answer
+
+
+def test_max_completion_length_holds_over_whole_episodes(tiny_dir, tmp_path, monkeypatch, caplog):
+    """A real GRPOTrainer with max_completion_length=16 on episodes of three turns of up to 16 tokens: every
+    completion it gets is at most 16 tokens, the cut ones are flagged and scored 0, and a warning says so."""
+    import logging
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rollout = TraceGymRollout("trace/Arithmetic-v0", {"n_tasks": 4, "max_turns": 3}, max_new_tokens=64,
+                              max_context=512, workers=1)
+    outputs = []
+
+    def traced(prompts, trainer):
+        outputs.append(rollout(prompts, trainer))
+        return outputs[-1]
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=1, per_device_train_batch_size=4,
+                      num_generations=2, max_completion_length=16, learning_rate=1e-4, logging_steps=1,
+                      save_strategy="no", report_to="none", seed=0, bf16=False)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), args=args,
+                          processing_class=AutoTokenizer.from_pretrained(tiny_dir), train_dataset=rollout.dataset(),
+                          reward_funcs=rollout.reward, rollout_func=traced)
+    with caplog.at_level(logging.WARNING, logger="trace_gym.training.integrations.trl_rollout"):
+        trainer.train()
+    (out,) = outputs
+    assert all(len(ids) <= 16 and len(ids) == len(m) == len(lp)
+               for ids, m, lp in zip(out["completion_ids"], out["env_mask"], out["logprobs"]))
+    cut = [i for i, flag in enumerate(out["env_truncated"]) if flag]
+    assert cut and all(out["env_reward"][i] == 0.0 for i in cut)
+    assert any("cut at max_completion_length=16" in r.getMessage() for r in caplog.records)
+    logged = next(row for row in trainer.state.log_history if "completions/max_length" in row)
+    assert logged["completions/max_length"] <= 16
+
+
+def test_use_vllm_modes_the_multi_turn_rollout_cannot_drive_are_refused_with_the_fix():
+    """The checks read only the trainer's vLLM settings (TRL builds no engine without vllm installed)."""
+    from types import SimpleNamespace
+
+    from trace_gym.errors import ConfigError
+    from trace_gym.training.integrations.trl_rollout import trainer_policy
+
+    for settings in ({"mode": "server"}, {"mode": "colocate", "tensor_parallel_size": 2},
+                     {"mode": "colocate", "enable_sleep_mode": True}):
+        trainer = SimpleNamespace(use_vllm=True, processing_class=None, vllm_generation=SimpleNamespace(**settings))
+        with pytest.raises(ConfigError, match="vllm_mode='colocate'"):
+            trainer_policy(trainer)

@@ -27,11 +27,21 @@ def test_success_and_interval_are_over_prompts():
     result = outcomes({"a": [1.0, 1.0], "b": [1.0, 0.0], "c": [0.0, 0.0], "d": [1.0, 0.0]})
     assert [t.success for t in result.tasks] == [1.0, 0.5, 0.0, 0.5]
     assert result.success == 0.5 and result.episodes == 8
-    # sd of (1, .5, 0, .5) = sqrt(1/6); t(3) = 3.182
-    half = 3.182 * math.sqrt(1 / 6) / 2
+    # Wilson over the 4 prompts at 0.5: centre 0.5, half-width z * sqrt(1/16 + z^2/64) / (1 + z^2/4)
+    z = 1.959964
+    half = z * math.sqrt(0.25 / 4 + z * z / 64) / (1 + z * z / 4)
     assert result.interval() == pytest.approx((0.5 - half, 0.5 + half))
     m = result.metrics()
     assert m["eval/success"] == 0.5 and m["eval/success_hi"] == pytest.approx(0.5 + half)
+
+
+@pytest.mark.parametrize(("n", "lo"), [(5, 0.5655), (50, 0.9287)])
+def test_an_all_success_evaluation_has_an_interval_below_1_that_narrows_with_more_prompts(n, lo):
+    """5 of 5 and 50 of 50 are not the same evidence: a t-interval says [1, 1] for both, Wilson's does not."""
+    result = outcomes({f"t{i}": [1.0] for i in range(n)})
+    assert result.interval() == pytest.approx((lo, 1.0), abs=1e-4)
+    none = outcomes({f"t{i}": [0.0] for i in range(n)})
+    assert none.interval() == pytest.approx((0.0, 1 - lo), abs=1e-4)
 
 
 def test_paired_difference_uses_per_prompt_differences():
