@@ -130,8 +130,11 @@ class VLLMPolicy:
         self.llm.reset_prefix_cache()
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        """Cumulative prefix-cache queries and hits (tokens) since the engine started."""
+        """Cumulative prefix-cache queries and hits (tokens) since the engine started; zeros for an engine built
+        without stat logging (another trainer's, such as TRL's colocated one)."""
         stats = PrefixCacheStats()
+        if not getattr(getattr(self.llm, "llm_engine", None), "log_stats", True):
+            return stats
         for metric in self.llm.get_metrics():
             if metric.name == "vllm:prefix_cache_queries":
                 stats.queries += int(metric.value)

@@ -138,6 +138,23 @@ def env_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactor
     return EnvFactory(spec, dict(kwargs or {}))
 
 
+def parse_env_args(pairs: list[str]) -> dict[str, Any]:
+    """``["n_tasks=50", "split=test"]`` -> ``{"n_tasks": 50, "split": "test"}`` (values read as YAML)."""
+    import yaml
+
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"expected --env-arg KEY=VALUE, got {pair!r}; fix: e.g. --env-arg n_tasks=50")
+        try:
+            kwargs[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"expected a YAML value in --env-arg {pair!r}, got {type(exc).__name__}; fix: quote "
+                              f"it, e.g. --env-arg '{key}=\"{raw}\"'") from None
+    return kwargs
+
+
 def env_tasks(make_env: Callable[[], gym.Env]) -> list[Task]:
     """The tasks of the env ``make_env`` builds, in order (a factory's own answer when it is one)."""
     factory = EnvFactory.of(make_env)

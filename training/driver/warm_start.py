@@ -141,24 +141,19 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of batch sampling")
     parser.add_argument("--noise", type=float, default=0.0, help="expert noise (failed episodes are dropped)")
     parser.add_argument("--eval-episodes", type=int, default=100, help="held-out tasks to evaluate on")
-    parser.add_argument("--env-kwargs", default="{}", help="JSON keyword arguments of the env")
+    parser.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                        help="a keyword argument of the env, the value read as YAML (n_tasks=500, max_turns=4), as "
+                             "trace-gym eval takes it; repeat for several")
 
 
 def run(command: str, args: argparse.Namespace) -> int:
     """Run `trace-gym sft`; prints the summary as JSON."""
     from trace_gym.agents.specs import check_model_folder
-    from trace_gym.env_specs import resolve_env_spec
+    from trace_gym.env_specs import parse_env_args, resolve_env_spec
 
     check_model_folder(args.model)
     resolve_env_spec(args.env)
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"expected --env-kwargs as a JSON object, got {args.env_kwargs!r} ({exc.msg}); fix: "
-                          """e.g. --env-kwargs '{"n_tasks": 500}'""") from None
-    if not isinstance(env_kwargs, dict):
-        raise ConfigError(f"expected --env-kwargs as a JSON object, got {args.env_kwargs!r}; fix: e.g. "
-                          """--env-kwargs '{"n_tasks": 500}'""")
+    env_kwargs = parse_env_args(args.env_arg or [])
     settings = SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     summary = sft_env(args.model, args.env, episodes=args.episodes, out_dir=args.out, settings=settings,
                       eval_episodes=args.eval_episodes, noise=args.noise, env_kwargs=env_kwargs)

@@ -59,7 +59,7 @@ def test_trace_gym_sft_collects_trains_and_reports(tmp_path, capsys):
 
     model = build_tiny_model(tmp_path / "m", size="nano", seed=0)
     assert main(["sft", "--model", str(model), "--out", str(tmp_path / "out"), "--episodes", "24", "--steps", "3",
-                 "--batch-size", "4", "--eval-episodes", "2", "--env-kwargs", '{"n_tasks": 40}']) == 0
+                 "--batch-size", "4", "--eval-episodes", "2", "--env-arg", "n_tasks=40"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out[out.index('{\n  "env"'):])  # printed last, after the progress bar
     assert summary["expert_episodes"] == 24 and summary["steps"] == 3
@@ -75,7 +75,7 @@ def test_trace_gym_sft_takes_a_module_colon_class_env(tmp_path, capsys):
     model = build_tiny_model(tmp_path / "m", size="nano", seed=0)
     assert main(["sft", "--model", str(model), "--out", str(tmp_path / "out"), "--env",
                  "tests.agents.calc_env:CalcEnv", "--episodes", "8", "--steps", "1", "--batch-size", "4",
-                 "--eval-episodes", "2", "--env-kwargs", '{"n": 40}']) == 0
+                 "--eval-episodes", "2", "--env-arg", "n=40"]) == 0
     summary = json.loads((tmp_path / "out" / "sft_summary.json").read_text())
     assert summary["env"] == "tests.agents.calc_env:CalcEnv" and summary["expert_episodes"] == 8
 
@@ -92,3 +92,15 @@ def test_expert_options_reach_the_envs_expert():
     assert all(any(m["role"] == "tool" for m in chat) for chat in collect_expert_episodes(make, 12))
     with pytest.raises(ConfigError, match=r"sft\.expert"):
         collect_expert_episodes(make, 4, expert={"bogus": 1})
+
+
+def test_sft_takes_env_arguments_as_eval_does(capsys):
+    """One flag for an env's keyword arguments across the commands: --env-arg KEY=VALUE, values read as YAML."""
+    from trace_gym.training.cli.main import main
+
+    for command in ("sft", "eval"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        assert "--env-arg KEY=VALUE" in text and "--env-kwargs" not in text, command
+    assert main(["sft", "--model", "nowhere", "--env-arg", "n_tasks"]) == 2
