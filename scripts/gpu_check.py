@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             import vllm
         except ImportError as exc:
-            check("vllm installed", False, f"{exc}; fix: pip install 'trace-gym[vllm]'")
+            check("vllm installed", False, f"{exc}; fix: pip install -e '.[vllm]' from the checkout")
             return 1
         check("vllm installed", True, f"vllm {vllm.__version__}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -80,8 +80,8 @@ def test_task_data_cannot_choose_the_env():
     refused before anything is built or contacted."""
     import asyncio
 
+    from trace_gym.agents.vf_env import TraceGymData, TraceGymHarness, TraceGymHarnessConfig, TraceGymTask
     from trace_gym.errors import ConfigError
-    from trace_gym.integrations.vf_env import TraceGymData, TraceGymHarness, TraceGymHarnessConfig, TraceGymTask
 
     data = TraceGymData(idx=0, id="x", prompt="hi", env=ENTRY_POINT, env_args={"data_path": "/etc/shadow"},
                         task_id="x")

@@ -18,6 +18,6 @@ module                 what it gives
 Adapters that play a model live with what they need: the verifiers taskset and harness with the policies
 (``trace_gym.agents.vf_env``, ``vf-eval trace_gym_verifiers``), TRL's ``rollout_func`` with the trained model
 and the collector (``trace_gym.training.integrations.trl_rollout``). Importing this package imports none of
-the frameworks; each module imports its own (``pip install 'trace-gym[skyrl]'``, ``[integrations]`` or
-``[serve]``). docs/integrations.md has an example of each.
+the frameworks; each module imports its own (from a checkout: ``pip install -e '.[skyrl]'``,
+``'.[integrations]'`` or ``'.[serve]'``). docs/integrations.md has an example of each.
 """
