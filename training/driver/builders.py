@@ -47,7 +47,8 @@ def make_policy(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, model_
         from trace_gym.agents.vllm import VLLMPolicy
     except ImportError as exc:
         raise ConfigError(f"expected the vLLM backend (trace_gym.agents.vllm and the vllm package), got "
-                          f"ImportError: {exc}; fix: pip install -e '.[vllm]' from the checkout, or model.backend=hf") from None
+                          f"ImportError: {exc}; fix: pip install -e '.[vllm]' (from the checkout) or "
+                          "model.backend=hf") from None
     return VLLMPolicy.from_pretrained(model_path, dtype="bfloat16" if cfg.model.bf16 else "auto",
                                       max_model_len=cfg.rollout.max_context, seed=cfg.seed,
                                       gpu_memory_utilization=cfg.model.vllm_gpu_memory_utilization)
