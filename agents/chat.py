@@ -58,10 +58,14 @@ def _fresh_marker(texts: Iterable[str], tag: str) -> str:
             return marker
 
 
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+"""The end-of-turn tokens of the common chat templates (Qwen/ChatML, GPT-style, Llama 3), by their text."""
+
+
 def end_of_turn_ids(tokenizer) -> set[int]:
     """Ids that end an assistant turn: the tokenizer's EOS and the model's generation-config EOS ids."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+    for tok in END_OF_TURN_TOKENS:
         tid = tokenizer.convert_tokens_to_ids(tok)
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
             ids.add(tid)

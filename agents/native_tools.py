@@ -24,7 +24,9 @@ Choices:
 2. Text before the calls (``content`` beside ``tool_calls``) stays in front of them in the action.
 3. A final answer that already reads as the env's answer (``<answer>...</answer>``, the form an env's own prompt
    may ask for) goes as written; any other is wrapped, with the markup of the env's format that it holds made
-   inert (``<python>`` becomes ``&lt;python>``), so that no answer text can turn into a tool call.
+   inert (``<python>`` becomes ``&lt;python>``), so that no answer text can turn into a tool call. It ends at an
+   end-of-turn token written in it (``<|im_end|>``): a server's tool-call parser keeps special tokens in the
+   text (vLLM's Hermes parser does), and a model whose stop list lacks that token leaves it there.
 4. A tool result without a call to answer (after an assistant turn that made none: the env answered a malformed
    turn) goes as a user message, which every server accepts.
 """
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trace_gym.actions import ActionParser, HermesParser, load_json
+from trace_gym.agents.chat import END_OF_TURN_TOKENS
 from trace_gym.errors import ConfigError, ServerError
 from trace_gym.tools import Tool, ToolCall
 
@@ -113,6 +116,8 @@ class ToolFormat:
 
     def answer(self, content: str) -> str:
         """The env's final-answer action for the plain reply ``content`` (choice 3)."""
+        for marker in END_OF_TURN_TOKENS:
+            content = content.split(marker, 1)[0]
         parsed = self.parser.parse(content, self._by_name)
         if parsed.error is None and parsed.answer is not None and not parsed.calls:
             return content

@@ -118,15 +118,13 @@ class OpenAIPolicy:
             if self.server != "auto":
                 return
             try:
-                listed = self._request("/models", None).get("data")
+                self.models()
             except ServerError as exc:
                 if not self.reached:
                     raise
                 log.warning("%s: GET /models failed (%s); sending the standard OpenAI fields only", self.base_url,
                             exc)
-                listed = []
-            owners = {m.get("owned_by") for m in listed or [] if isinstance(m, dict)}
-            self.server = "vllm" if "vllm" in owners else "openai"
+                self.server = "openai"
 
     def _one(self, req: Request, sampling: SamplingParams, i: int, j: int) -> Generation:
         body: dict[str, Any] = {"model": self.model, "n": 1, "temperature": sampling.temperature,
@@ -201,9 +199,11 @@ class OpenAIPolicy:
         self._client.close()
 
     def models(self) -> list[str]:
-        """The model names the server lists at ``GET /models``."""
-        data = self._request("/models", None)
-        return [str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+        """The model names the server lists at ``GET /models`` (which also settles ``server="auto"``)."""
+        listed = [m for m in self._request("/models", None).get("data") or [] if isinstance(m, dict)]
+        if self.server == "auto":
+            self.server = "vllm" if any(m.get("owned_by") == "vllm" for m in listed) else "openai"
+        return [str(m["id"]) for m in listed if "id" in m]
 
     def _request(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         """POST ``body`` (GET when None) to ``path``, the SDK retrying what is transient; the JSON object of the

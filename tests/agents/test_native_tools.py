@@ -205,3 +205,4 @@ def test_a_reply_in_the_envs_own_answer_form_goes_as_written():
     assert fmt.action({"content": "It is <answer>5</answer>"}) == "It is <answer>5</answer>"
     assert fmt.action({"content": " 5 "}) == "<answer>5</answer>"
     assert fmt.action({"content": "run <python>1</python>"}) == "<answer>run &lt;python>1&lt;/python></answer>"
+    assert fmt.action({"content": "-685<|im_end|>"}) == "<answer>-685</answer>"  # a parser that kept special tokens
