@@ -16,7 +16,7 @@ try:
     import httpx
 except ImportError:
     raise SetupError("expected httpx (the env client's HTTP library), got none; fix: pip install "
-                      "'trace-gym[serve]'") from None
+                      "-e . (from the checkout; httpx is a base requirement)") from None
 
 __all__ = ["EnvClient", "RemoteEnv"]
 

@@ -6,7 +6,8 @@ branches them from a snapshot as often as it likes.
 
 The operator names the env (a registered id, ``module:id`` or ``module:Class``; checked to be a trace-gym
 ``TextEnv`` class before anything of it is called) and its arguments; a client chooses tasks and plays turns,
-never code, specs or paths. Built on FastAPI and uvicorn (``pip install 'trace-gym[serve]'``).
+never code, specs or paths. Built on FastAPI and uvicorn
+(from a checkout: ``pip install -e '.[serve]'``).
 
 ==============================  ========================================================================
 route                           what it does (bodies: `trace_gym.integrations.serve_payloads`)
@@ -61,7 +62,7 @@ try:
     from pydantic import ValidationError
 except ImportError as exc:  # one line with the fix, not a traceback into the import
     raise SetupError(f"expected the env server's packages (fastapi, uvicorn, websockets), got no {exc.name}; "
-                      "fix: pip install 'trace-gym[serve]'") from None
+                      "fix: pip install -e '.[serve]' (from the checkout)") from None
 
 import trace_gym
 from trace_gym.integrations.serve_budget import BudgetFull, LiveBudget, host_budget, unit_footprint

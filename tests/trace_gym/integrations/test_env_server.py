@@ -246,7 +246,7 @@ def test_a_missing_serve_extra_is_one_line_naming_what_to_install(tmp_path):
     result = subprocess.run([sys.executable, "-c", "import trace_gym.integrations.env_server"], capture_output=True,
                             text=True, env=env, timeout=120)
     last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode != 0 and "fix: pip install 'trace-gym[serve]'" in last and "fastapi" in last
+    assert result.returncode != 0 and "fix: pip install -e '.[serve]'" in last and "fastapi" in last
 
 
 def _root() -> str:
