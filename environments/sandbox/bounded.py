@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from trace_gym.environments.sandbox import values, wire
+from trace_gym.environments.sandbox import lifetime, values, wire
 from trace_gym.processes import register_service
 
 _IMPORT_S = 120.0  # the server imports a function's module once, before the deadline starts
@@ -189,9 +189,10 @@ class _Server:
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         code = f"from trace_gym.environments.sandbox.bounded import _serve; _serve({theirs.fileno()})"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, close_fds=True)
+        # forked by the owner thread: the server's parent-death signal fires when the forking thread ends
+        self.proc = lifetime.popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()], env=env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, close_fds=True)
         theirs.close()
         register_service(self.proc.pid)
         self.sock, self.owner, self.lock = ours, os.getpid(), threading.Lock()

@@ -79,7 +79,7 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
-from trace_gym.environments.sandbox import dirtree, jail, memcg, wire
+from trace_gym.environments.sandbox import dirtree, jail, lifetime, memcg, wire
 from trace_gym.environments.sandbox.jail import ISOLATIONS, SandboxUnavailableError
 from trace_gym.environments.sandbox.reaper import reaper
 from trace_gym.errors import ConfigError
@@ -186,9 +186,10 @@ class _Template:
                 else jail.direct_command(sys.executable, theirs.fileno()))
         debug = bool(os.environ.get("TRACE_SANDBOX_DEBUG"))
         errors = tempfile.TemporaryFile()  # noqa: SIM115 - read after the start, closed below
-        self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=_sandbox_env(), cwd=self.root,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=None if debug else errors, close_fds=True)
+        # forked by the owner thread: bubblewrap's --die-with-parent fires when the forking thread ends
+        self.proc = lifetime.popen(argv, pass_fds=[theirs.fileno()], env=_sandbox_env(), cwd=self.root,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=None if debug else errors, close_fds=True)
         theirs.close()
         self.sock = ours
         atexit.register(self.shutdown)
