@@ -175,10 +175,10 @@ class _Template:
             self.uid, self.gid = entry.pw_uid, entry.pw_gid
         namespaces = isolation != "none"
         program = jail.seccomp_program() if isolation == "jail" else b""  # raises when libseccomp is missing
-        self.root = tempfile.mkdtemp(prefix="trace-sandbox-")  # ours; the sandbox user cannot write in it
-        if self.uid is not None:
-            os.chmod(self.root, 0o711)
-        self.root_fd = dirtree.open_dir(self.root)
+        # Without namespaces, lineages' folders go in a root only this process can write; with them, a lineage's
+        # files live in its own tmpfs and nothing is made on the host.
+        self.root = _new_root(self.uid is not None) if not namespaces else None
+        self.root_fd = dirtree.open_dir(self.root) if self.root is not None else -1
         self.stale_groups: list[memcg.MemoryGroup] = []
         ours, theirs = socket.socketpair()
         wire.passcred(ours)
@@ -187,16 +187,23 @@ class _Template:
         debug = bool(os.environ.get("TRACE_SANDBOX_DEBUG"))
         errors = tempfile.TemporaryFile()  # noqa: SIM115 - read after the start, closed below
         # forked by the owner thread: bubblewrap's --die-with-parent fires when the forking thread ends
-        self.proc = lifetime.popen(argv, pass_fds=[theirs.fileno()], env=_sandbox_env(), cwd=self.root,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=None if debug else errors, close_fds=True)
-        theirs.close()
+        try:
+            self.proc = lifetime.popen(argv, pass_fds=[theirs.fileno()], env=_sandbox_env(), cwd=self.root or "/",
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=None if debug else errors, close_fds=True)
+        except BaseException:
+            errors.close()
+            self._remove_root()
+            raise
+        finally:
+            theirs.close()
         self.sock = ours
         atexit.register(self.shutdown)
         writer: list[int] = []
         with contextlib.suppress(OSError):
             wire.send(ours, {"op": "init", "namespaces": namespaces, "seccomp": base64.b64encode(program).decode(),
-                             "uid": self.uid, "gid": self.gid, "mount_proc": namespaces and as_root})
+                             "uid": self.uid, "gid": self.gid, "mount_proc": namespaces and as_root,
+                             "kept": jail.covered_binds() if namespaces else []})
         with errors:
             hello = wire.recv(ours, time.monotonic() + _TEMPLATE_START_S, writer=writer)
             if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
@@ -238,12 +245,56 @@ class _Template:
         for group in self.stale_groups:
             group.remove()
         if self.owner == os.getpid():
-            with contextlib.suppress(OSError):
-                parent = dirtree.open_dir(os.path.dirname(self.root))
-                try:
-                    dirtree.remove(parent, os.path.basename(self.root))
-                finally:
-                    os.close(parent)
+            self._remove_root()
+
+    def _remove_root(self) -> None:
+        if self.root is None:
+            return
+        _close_fd(self.root_fd)
+        with contextlib.suppress(OSError):
+            parent = dirtree.open_dir(os.path.dirname(self.root))
+            try:
+                dirtree.remove(parent, os.path.basename(self.root))
+            finally:
+                os.close(parent)
+        self.root = None
+
+
+_ROOT_PREFIX = "trace-sandbox-"
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (with the pid, a name no later process gets), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[19]
+
+
+def _new_root(shared: bool) -> str:
+    """A root for lineages' folders (isolation "none"), named for this process (pid and start time), after
+    removing the roots of processes that are gone: a host killed before its exit handlers ran leaves nothing
+    behind past the next start."""
+    where = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        parent = dirtree.open_dir(where)
+        try:
+            for name in os.listdir(parent):
+                owner = name[len(_ROOT_PREFIX):].split("-", 1)[0].split(".")
+                if not name.startswith(_ROOT_PREFIX) or len(owner) != 2 or not owner[0].isdigit():
+                    continue
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                    if st.st_uid == os.geteuid() and _start_time(int(owner[0])) != owner[1]:
+                        dirtree.remove(parent, name, deadline=time.monotonic() + _CONTROL_S)
+        finally:
+            os.close(parent)
+    root = tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}.{_start_time(os.getpid())}-", dir=where)
+    if shared:
+        os.chmod(root, 0o711)  # the sandbox user may reach its lineage's folder, never list or write the root
+    return root
 
 
 _FIXES = {

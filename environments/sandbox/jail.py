@@ -138,6 +138,15 @@ def _python_paths() -> list[str]:
     return [p for p in kept if not p.startswith(("/usr/", "/bin/", "/lib"))]
 
 
+COVERED = ("/tmp", "/dev/shm")  # each lineage mounts its own over these (its share of its one tmpfs)
+
+
+def covered_binds() -> list[str]:
+    """The bound folders that lie under a folder each lineage covers with its own (a Python, a venv or the
+    project in the system's temporary folder): the lineage binds them again on top of its own (runtime.py)."""
+    return [p for p in _python_paths() if any(p.startswith(c + os.sep) for c in COVERED)]
+
+
 def _bind_with_parents(path: str, writable: bool, made: set[str]) -> list[str]:
     """Bind ``path`` at the same place, creating its parents world-traversable (bubblewrap copies the modes of
     the real parents otherwise, and /root is 0700: the sandbox user could not reach a Python under it)."""

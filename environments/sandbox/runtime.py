@@ -46,6 +46,7 @@ class _Config:
 
     namespaces = True
     seccomp: bytes = b""
+    kept: tuple[str, ...] = ()  # bound folders under /tmp or /dev/shm, which each lineage covers with its own
 
 
 # --------------------------------------------------------------------------- cells
@@ -358,6 +359,9 @@ def _copy_into(source: str, target: str) -> None:
 _INODES = 32768  # files a lineage may hold at once (tmpfs inodes cost kernel memory outside the size limit)
 
 
+_PTYS = 8  # ptys a lineage may hold at once: the host's pool (kernel.pty.max) is shared by every devpts instance
+
+
 def _lineage_mounts(lineage_dir: str, disk_bytes: int) -> None:
     """In the lineage's new mount namespace: its own /proc and devpts, and at ``lineage_dir`` a tmpfs of
     ``disk_bytes`` that also holds /tmp and /dev/shm: one quota for every file the lineage writes, gone with the
@@ -365,15 +369,46 @@ def _lineage_mounts(lineage_dir: str, disk_bytes: int) -> None:
     kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
     hidden = kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC
     kernel.mount("proc", "/proc", "proc", hidden)
-    # bubblewrap's /dev has one devpts instance for the whole jail; each lineage gets its own
-    kernel.mount("devpts", "/dev/pts", "devpts", kernel.MS_NOSUID | kernel.MS_NOEXEC, "newinstance,ptmxmode=0666")
+    # bubblewrap's /dev has one devpts instance for the whole jail; each lineage gets its own, of _PTYS
+    kernel.mount("devpts", "/dev/pts", "devpts", kernel.MS_NOSUID | kernel.MS_NOEXEC,
+                 f"newinstance,ptmxmode=0666,max={_PTYS}")
     if not os.path.islink("/dev/ptmx"):
         kernel.mount("/dev/pts/ptmx", "/dev/ptmx", None, kernel.MS_BIND)
     kernel.mount("tmpfs", lineage_dir, "tmpfs", hidden, f"size={disk_bytes},nr_inodes={_INODES},mode=0700")
+    # What the jail binds under /tmp or /dev/shm (a Python or a project in the system's temporary folder) would
+    # be hidden by the lineage's own folders: each is bound aside first and put back on top of them below.
+    aside = []
+    for i, path in enumerate(_Config.kept):
+        spot = os.path.join(lineage_dir, f".kept-{i}")
+        os.mkdir(spot, 0o700)
+        kernel.mount(path, spot, None, kernel.MS_BIND | kernel.MS_REC)
+        aside.append((spot, path))
     for name, target in ((".tmp", "/tmp"), (".shm", "/dev/shm")):
         os.mkdir(os.path.join(lineage_dir, name))
         os.chmod(os.path.join(lineage_dir, name), 0o1777)
         kernel.mount(os.path.join(lineage_dir, name), target, None, kernel.MS_BIND)
+        _put_back(target, [(spot, path) for spot, path in aside if path.startswith(target + os.sep)])
+
+
+def _put_back(target: str, aside: list[tuple[str, str]]) -> None:
+    """Move the binds set aside back to their paths under ``target``, in a read-only skeleton: a small tmpfs
+    at each top folder (a mount point cannot be renamed, a read-only one not changed), so no cell can swap what
+    another process of the lineage imports from there."""
+    tops = sorted({os.path.join(target, os.path.relpath(path, target).split(os.sep)[0]) for _, path in aside})
+    hidden = kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC
+    for top in tops:
+        os.mkdir(top, 0o755)
+        below = [(spot, path) for spot, path in aside if path == top or path.startswith(top + os.sep)]
+        skeleton = any(path != top for _, path in below)
+        if skeleton:
+            kernel.mount("tmpfs", top, "tmpfs", hidden, "size=64k,nr_inodes=256,mode=0755")
+        for spot, path in below:
+            if path != top:
+                os.makedirs(path, 0o755, exist_ok=True)
+            kernel.mount(spot, path, None, kernel.MS_MOVE)
+            os.rmdir(spot)
+        if skeleton:
+            kernel.mount(None, top, None, kernel.MS_REMOUNT | kernel.MS_RDONLY | hidden)
 
 
 def _living(namespaces: bool, me: int) -> dict[int, int]:
@@ -546,6 +581,7 @@ def _configure(msg: dict[str, Any]) -> None:
     """Apply the host's init message: the layers on, and (as root) the switch to the sandbox user."""
     _Config.namespaces = bool(msg.get("namespaces"))
     _Config.seccomp = base64.b64decode(str(msg.get("seccomp", "")))
+    _Config.kept = tuple(str(p) for p in msg.get("kept") or [])
     if os.geteuid() == 0:
         if msg.get("mount_proc"):  # as root, bubblewrap leaves /proc to us (see jail.py)
             kernel.mount("proc", "/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC)

