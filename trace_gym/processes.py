@@ -53,3 +53,13 @@ def register_reaper(wait: Callable[[float], bool]) -> None:
 def services() -> set[int]:
     """Pids of this process's registered helpers."""
     return set(_services.get(os.getpid(), set()))
+
+
+def start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot): with the pid, a name no later process gets.
+    None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[19]

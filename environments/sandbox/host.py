@@ -79,7 +79,7 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
-from trace_gym.environments.sandbox import dirtree, jail, lifetime, memcg, wire
+from trace_gym.environments.sandbox import cgroups, dirtree, jail, lifetime, uids, wire
 from trace_gym.environments.sandbox.jail import ISOLATIONS, SandboxUnavailableError
 from trace_gym.environments.sandbox.reaper import reaper
 from trace_gym.errors import ConfigError
@@ -127,7 +127,7 @@ class SandboxLimits:
     of its one tmpfs, gone with the lineage (isolation "jail" and "namespaces"; "none" has no quota)."""
     lineage_memory_bytes: int = 4 << 30
     """Memory of a lineage in all (its processes, its tmpfs, kernel buffers): the limit of its own memory
-    cgroup, where this host process can make one (see ``memcg.py``); elsewhere memory is bounded per process."""
+    cgroup, where this host process can make one (see ``cgroups.py``); elsewhere memory is bounded per process."""
     replay_s: float = 20.0
     """Wall-clock seconds for re-running committed cells to rebuild a worker (after a crash, or a restore
     that falls back to replay); cells past it are dropped from the state, and the output says so."""
@@ -174,12 +174,14 @@ class _Template:
             entry = pwd.getpwnam(user)
             self.uid, self.gid = entry.pw_uid, entry.pw_gid
         namespaces = isolation != "none"
+        # As root, each lineage runs as its own host uid (uids.py); the template keeps what it needs to map them
+        self.lineage_ids = self.uid is not None
         program = jail.seccomp_program() if isolation == "jail" else b""  # raises when libseccomp is missing
         # Without namespaces, lineages' folders go in a root only this process can write; with them, a lineage's
         # files live in its own tmpfs and nothing is made on the host.
         self.root = _new_root(self.uid is not None) if not namespaces else None
         self.root_fd = dirtree.open_dir(self.root) if self.root is not None else -1
-        self.stale_groups: list[memcg.MemoryGroup] = []
+        self.stale_groups: list[cgroups.LineageGroups] = []
         ours, theirs = socket.socketpair()
         wire.passcred(ours)
         argv = (jail.command(sys.executable, theirs.fileno(), as_root) if namespaces
@@ -203,6 +205,7 @@ class _Template:
         with contextlib.suppress(OSError):
             wire.send(ours, {"op": "init", "namespaces": namespaces, "seccomp": base64.b64encode(program).decode(),
                              "uid": self.uid, "gid": self.gid, "mount_proc": namespaces and as_root,
+                             "lineage_ids": self.lineage_ids,
                              "kept": jail.covered_binds() if namespaces else []})
         with errors:
             hello = wire.recv(ours, time.monotonic() + _TEMPLATE_START_S, writer=writer)
@@ -226,12 +229,14 @@ class _Template:
                 cls._instances[key] = t = cls(isolation, user)
             return t
 
-    def lineage_dir(self, name: str) -> None:
+    def lineage_dir(self, name: str, uid: int | None) -> None:
         """Without namespaces: create the lineage's folder ``name`` in the root (which only we can write, so
-        nothing can be swapped in between) and give it, by descriptor, to the sandbox user."""
+        nothing can be swapped in between) and give it, by descriptor, to the lineage's user."""
         fd = dirtree.make_dir(self.root_fd, name, 0o700)
         try:
-            if self.uid is not None:
+            if uid is not None:
+                os.fchown(fd, uid, uid)
+            elif self.uid is not None:
                 os.fchown(fd, self.uid, self.gid)
         finally:
             os.close(fd)
@@ -336,16 +341,25 @@ class _Lineage:
     def __init__(self, template: _Template, limits: SandboxLimits):
         self.template, self.limits = template, limits
         self.name = f"L-{next(_keys)}"
+        try:
+            self.ids = uids.reserve() if template.lineage_ids else None
+        except OSError as e:
+            raise SandboxUnavailableError(f"expected a free uid for a new sandbox lineage, got: {e}") from e
         if template.isolation == "none":
             self.dir = os.path.join(template.root, self.name)
-            template.lineage_dir(self.name)
+            try:
+                template.lineage_dir(self.name, self.ids.uid if self.ids else None)
+            except BaseException:
+                if self.ids is not None:
+                    self.ids.release()
+                raise
         else:
             self.dir = jail.LINEAGE_DIR  # in the lineage's own mount namespace
         self.holders: dict[int, tuple[str, int]] = {}  # key -> ("worker" | "frozen", pid stamped by the kernel)
         self.lock = threading.RLock()
         self.ctl: socket.socket | None = None
         self.pidfd: int | None = None
-        self.memory: memcg.MemoryGroup | None = None
+        self.groups: cgroups.LineageGroups | None = None
         self.ended = False
         self.unswept: list[str] = []  # directories of released snapshots, removed by the next sweep
 
@@ -359,8 +373,8 @@ class _Lineage:
         try:
             with t.lock:
                 wire.send(t.sock, {"op": "lineage", "dir": self.dir, "workdir": workdir,
-                                   "disk_bytes": self.limits.disk_bytes}, [ctl_theirs.fileno(), chan_theirs.fileno()],
-                          deadline=deadline)
+                                   "disk_bytes": self.limits.disk_bytes, "uid": self.ids.uid if self.ids else None},
+                          [ctl_theirs.fileno(), chan_theirs.fileno()], deadline=deadline)
         except OSError:
             pass
         ctl_theirs.close()
@@ -378,20 +392,20 @@ class _Lineage:
             detail = (hello or reply or {}).get("error") or "the template did not answer"
             raise SandboxUnavailableError(f"expected a new sandbox lineage (isolation={t.isolation!r}), got: "
                                           f"{detail}; fix: " + _FIXES[t.isolation])
-        if memcg.available():  # the supervisor and the first worker exist, no cell has run: all the rest is born in
+        if any(cgroups.available(c) for c in cgroups.CONTROLLERS):
+            # the supervisor and the first worker exist, no cell has run: all the rest is born in the groups
             supervisor = _pidfd_pid(self.pidfd)
             try:
-                self.memory = memcg.MemoryGroup(f"trace-sandbox-{os.getpid()}-{self.name}",
-                                                self.limits.lineage_memory_bytes)
+                self.groups = cgroups.LineageGroups(self.name, self.limits.lineage_memory_bytes)
                 for pid in (supervisor, writer[0]):
                     if pid:
-                        self.memory.add(pid)
+                        self.groups.add(pid)
             except OSError as e:
                 chan.close()
                 self.end()
                 raise SandboxUnavailableError(
-                    f"expected a memory cgroup for the sandbox lineage, got {type(e).__name__}: {e}; fix: check that "
-                    "this process may create cgroups where /proc/self/cgroup puts it") from e
+                    f"expected the sandbox lineage's memory and CPU cgroups, got {type(e).__name__}: {e}; fix: check "
+                    "that this process may create cgroups where /proc/self/cgroup puts it") from e
         return chan, writer[0]
 
     def path(self, prefix: str, key: int) -> str:
@@ -473,13 +487,17 @@ class _Lineage:
                 with contextlib.suppress(OSError):
                     self.ctl.close()  # without namespaces, this is what makes the supervisor sweep and exit
             none = self.template.isolation == "none"
-            template, memory, name = self.template, self.memory, self.name
+            template, groups, name, ids = self.template, self.groups, self.name, self.ids
 
             def cleanup() -> None:
-                if memory is not None and not memory.remove():
-                    template.stale_groups.append(memory)  # its last process is still exiting: retried later
-                if none:  # what is left past the deadline goes with the template's root
-                    dirtree.remove(template.root_fd, name, deadline=time.monotonic() + _CONTROL_S)
+                try:
+                    if groups is not None and not groups.remove():
+                        template.stale_groups.append(groups)  # its last process is still exiting: retried later
+                    if none:  # what is left past the deadline goes with the template's root
+                        dirtree.remove(template.root_fd, name, deadline=time.monotonic() + _CONTROL_S)
+                finally:
+                    if ids is not None:  # without a PID namespace, a process the supervisor missed may still run
+                        ids.release(check=none)
 
             if self.pidfd is not None:
                 # Without namespaces killing pid 1 would not kill the rest: it gets _CONTROL_S to sweep and exit.

@@ -64,7 +64,9 @@ _DENIED = ("socket", "unshare", "setns", "mount", "umount2", "pivot_root", "chro
            # queue bytes), or pins memory outside the cell's address space and the lineage's tmpfs (memfds,
            # SysV segments and queues), or locks a file other episodes and the host can see (flock).
            "inotify_init", "inotify_init1", "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
-           "mq_open", "mq_notify", "flock")
+           "mq_open", "mq_notify", "flock",
+           # Native AIO: its events come from one host-wide pool (fs.aio-max-nr) that one cell could drain.
+           "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents")
 # fcntl commands that take a lock or a lease: F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE
 _LOCK_COMMANDS = (6, 7, 37, 38, 1024)
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME

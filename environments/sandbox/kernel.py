@@ -21,7 +21,8 @@ LINEAGE_NAMESPACES = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
 MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 0x1000, 0x2000, 0x4000, 0x40000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP = 1, 4, 22
-_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
+_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER, _PR_SET_KEEPCAPS = 38, 36, 8
+CAP_SETGID, CAP_SETUID = 6, 7
 _SECCOMP_MODE_FILTER = 2
 _CAP_V3 = 0x20080522
 
@@ -48,8 +49,21 @@ def set_dumpable(on: bool) -> None:
     prctl(_PR_SET_DUMPABLE, int(on))
 
 
+def set_keepcaps(on: bool) -> None:
+    prctl(_PR_SET_KEEPCAPS, int(on))
+
+
 def unshare(flags: int) -> None:
     _check(_libc.unshare(flags), "unshare")
+
+
+def map_ids(pid: int, inside_uid: int, inside_gid: int, outside: int) -> None:
+    """Map the ids of ``pid``'s new user namespace to the host uid and gid ``outside`` (from a process with
+    CAP_SETUID and CAP_SETGID in the parent namespace: the template)."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{inside_uid} {outside} 1"),
+                       ("gid_map", f"{inside_gid} {outside} 1")):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(text)
 
 
 def map_self(uid: int, gid: int) -> None:
@@ -86,10 +100,18 @@ def _capset_number() -> int:
 def drop_capabilities() -> None:
     """Empty the effective, permitted and inheritable sets (ambient follows): no way back without an exec of a
     privileged file, which no_new_privs forbids."""
+    keep_capabilities(())
+
+
+def keep_capabilities(caps: tuple[int, ...]) -> None:
+    """Keep exactly ``caps`` (numbers below 32) effective and permitted, nothing inheritable."""
     number = _capset_number()
     if number < 0:
         raise OSError(0, f"capset: unknown system call number on {os.uname().machine}")
     data = (_CapData * 2)()
+    for cap in caps:
+        data[0].effective |= 1 << cap
+        data[0].permitted |= 1 << cap
     _check(int(_libc.syscall(number, ctypes.byref(_CapHeader(_CAP_V3, 0)), data)), "capset")
 
 

@@ -47,6 +47,7 @@ class _Config:
     namespaces = True
     seccomp: bytes = b""
     kept: tuple[str, ...] = ()  # bound folders under /tmp or /dev/shm, which each lineage covers with its own
+    lineage_ids = False  # each lineage gets its own host uid (as root): the template maps or switches to it
 
 
 # --------------------------------------------------------------------------- cells
@@ -508,16 +509,38 @@ def _supervise(ctl: socket.socket, namespaces: bool, lineage: int) -> None:
         wire.send(ctl, {"swept": True})
 
 
-def _new_lineage(runtime: _Runtime, msg: dict[str, Any], ctl: socket.socket, chan: socket.socket) -> None:
+def _lineage_uid(msg: dict[str, Any]) -> int | None:
+    uid = msg.get("uid")
+    return uid if _Config.lineage_ids and isinstance(uid, int) and uid > 0 else None
+
+
+def _new_lineage(runtime: _Runtime, msg: dict[str, Any], ctl: socket.socket, chan: socket.socket,
+                 handshake: tuple[int, int] | None) -> None:
     """In a fork of the template (trusted: model code never ran here). Creates the lineage's namespaces, forks
-    the supervisor into them and hands the host a pidfd of it; the supervisor forks the first worker."""
-    namespaces = _Config.namespaces
+    the supervisor into them and hands the host a pidfd of it; the supervisor forks the first worker.
+
+    With its own host uid (``handshake``: tell the template, wait for it) the lineage's user namespace maps the
+    sandbox user's ids to it; without namespaces this process switches to it."""
+    namespaces, own = _Config.namespaces, _lineage_uid(msg)
     try:
         if namespaces:
             kernel.set_dumpable(True)  # /proc/self/uid_map must be writable by this process after a uid switch
             uid, gid = os.getuid(), os.getgid()
             kernel.unshare(kernel.LINEAGE_NAMESPACES)
-            kernel.map_self(uid, gid)
+            if handshake is not None:
+                ask, mapped = handshake
+                os.write(ask, b"u")
+                if os.read(mapped, 1) != b"m":
+                    raise OSError(0, "the template did not map the lineage's ids")
+                os.setresgid(gid, gid, gid)  # the same ids inside, now the lineage's own uid outside
+                os.setresuid(uid, uid, uid)
+            else:
+                kernel.map_self(uid, gid)
+        elif own is not None:
+            os.setgroups([])
+            os.setresgid(own, own, own)
+            os.setresuid(own, own, own)
+            kernel.drop_capabilities()  # a switch between two non-zero uids keeps them
         spid = runtime.fork()
         if spid == 0:
             _start_supervisor(runtime, msg, ctl, chan)
@@ -587,11 +610,38 @@ def _configure(msg: dict[str, Any]) -> None:
             kernel.mount("proc", "/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC)
         uid, gid = msg.get("uid"), msg.get("gid")
         if isinstance(uid, int) and isinstance(gid, int):
+            _Config.lineage_ids = bool(msg.get("lineage_ids"))
+            kernel.set_keepcaps(_Config.lineage_ids)
             os.setgroups([])
             os.setgid(gid)
-            os.setuid(uid)  # clears every capability
-    if _Config.namespaces:
+            os.setuid(uid)  # clears every capability, or (keepcaps) the effective ones
+            if _Config.lineage_ids:
+                # Only what gives each lineage its own host uid: mapping its user namespace's ids (or, without
+                # namespaces, switching to it). Model code never runs here, and no lineage can reach this
+                # process (another uid, another PID namespace).
+                kernel.set_keepcaps(False)
+                kernel.keep_capabilities((kernel.CAP_SETUID, kernel.CAP_SETGID))
+    if _Config.namespaces and not _Config.lineage_ids:
         kernel.drop_capabilities()  # with user=None the template keeps root's uid, never its capabilities
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _map_lineage(pid: int, own: int, asked: int, mapped: int) -> None:
+    """Map the new user namespace of the lineage's first process ``pid`` to the host uid ``own``, once it has
+    made it (it says so on ``asked``); it goes on when told so on ``mapped``, and fails if the pipe closes."""
+    try:
+        if wire.readable(asked, 10.0) and os.read(asked, 1) == b"u":
+            with contextlib.suppress(OSError):
+                kernel.map_ids(pid, os.getuid(), os.getgid(), own)
+                os.write(mapped, b"m")
+    finally:
+        _close(asked)
+        _close(mapped)
 
 
 def main(fd: int) -> None:
@@ -643,10 +693,18 @@ def main(fd: int) -> None:
                 os.close(fd)
             continue
         ctl, chan = socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
+        own = _lineage_uid(msg) if _Config.namespaces else None
+        asked, mapped = (os.pipe(), os.pipe()) if own is not None else ((-1, -1), (-1, -1))
         pid = runtime.fork()
         if pid == 0:
             host.close()
-            _new_lineage(runtime, msg, ctl, chan)
+            for fd in (asked[0], mapped[1]):
+                _close(fd)
+            _new_lineage(runtime, msg, ctl, chan, (asked[1], mapped[0]) if own is not None else None)
+        for fd in (asked[1], mapped[0]):
+            _close(fd)
+        if own is not None:
+            _map_lineage(pid, own, asked[0], mapped[1])
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         _reap_zombies()
         ctl.close()

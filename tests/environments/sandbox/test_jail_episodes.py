@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.environments.sandbox.leaks import settled
-from trace_gym.environments.sandbox import dirtree, memcg, reaper
+from trace_gym.environments.sandbox import cgroups, dirtree, reaper
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes, start_template
 
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=1 << 30, processes=32, max_output_chars=2000)
@@ -259,7 +259,7 @@ HOG = ("import os, time\nkids = []\nfor i in range(6):\n    pid = os.fork()\n   
        "print(sum(os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in kids))")
 
 
-@pytest.mark.skipif(not memcg.available(), reason="this host process cannot make memory cgroups: memory is "
+@pytest.mark.skipif(not cgroups.available(), reason="this host process cannot make memory cgroups: memory is "
                                                    "bounded per process only (docs/sandbox.md)")
 def test_a_lineage_s_memory_is_bounded_in_total() -> None:
     # Six processes of 100 MiB each, every one under its own address-space limit: together over the lineage's.
