@@ -234,7 +234,14 @@ class _Runtime:
 
     def _exec(self, host: socket.socket, code: str, limits: dict[str, Any]) -> socket.socket:
         mine, theirs = socket.socketpair()
-        pid = self.fork()
+        try:
+            pid = self.fork()
+        except OSError as exc:  # the lineage's process limit (a cell's children may hold it): this worker stays
+            mine.close()
+            theirs.close()
+            wire.send(host, {"output": f"Crashed: the cell could not start ({exc.strerror}: the lineage's process "
+                                       "limit); earlier state is intact.", "status": "crashed", "committed": False})
+            return host
         if pid == 0:  # the cell child
             mine.close()
             os.close(host.detach())  # the cell gets the host channel back only if it finishes
@@ -305,7 +312,12 @@ class _Runtime:
             channel.close()
             wire.send(host, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             return
-        pid = self.fork()
+        try:
+            pid = self.fork()
+        except OSError as exc:
+            channel.close()
+            wire.send(host, {"ok": False, "error": f"fork: {exc.strerror}"})
+            return
         if pid == 0:
             host.close()
             os.setpgid(0, 0)
@@ -322,7 +334,11 @@ class _Runtime:
             msg = wire.recv(sock, None, fds)
             if msg is None or msg.get("op") != "spawn" or not fds:
                 os._exit(0)
-            pid = self.fork()
+            try:
+                pid = self.fork()
+            except OSError:  # the host falls back to replay; this snapshot stays for the next restore
+                os.close(fds[0])
+                continue
             if pid != 0:
                 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # fork() reset it; keep reaping
                 _reap_zombies()

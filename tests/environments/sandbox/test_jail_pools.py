@@ -110,6 +110,12 @@ def _ids(pid: int) -> tuple[int, int]:
     return int(lines["Uid"][0]), int(lines["Gid"][0])
 
 
+def _caps(pid: int) -> int:
+    """Effective capabilities of ``pid``, as the host's user namespace counts them."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
+
+
 @ROOT_ONLY
 @pytest.mark.parametrize("isolation", ["jail", "namespaces", "none"])
 def test_each_lineage_runs_as_its_own_host_uid(isolation: str) -> None:
@@ -124,6 +130,8 @@ def test_each_lineage_runs_as_its_own_host_uid(isolation: str) -> None:
             assert _ids(branch.pid) == _ids(a.pid)
         ua, ub, template = _ids(a.pid)[0], _ids(b.pid)[0], _ids(start_template(isolation=isolation))[0]
         assert len({ua, ub, template, 0}) == 4 and _ids(a.pid) == (ua, ua)
+        assert _caps(a.pid) == 0  # no capability in the host's user namespace ...
+        assert _caps(start_template(isolation=isolation)) == 1 << 6 | 1 << 7  # ... the template: SETGID, SETUID
         if isolation != "none":  # inside, the sandbox user's ids as before
             assert run(a, "import os\nprint(os.getuid(), os.getgid())") == f"{template} {template}\n"
         snap.release()
@@ -187,3 +195,45 @@ def _lineage_groups(box: PythonSandbox) -> list[str]:
             except OSError:
                 continue
     return found
+
+
+# --------------------------------------------------------------------------- the lineage's process limit
+# Takes every free slot of the lineage's process limit, and each one that frees up, until told to stop.
+FILL = ("import os, time\nopen('go', 'w').close()\nkids = []\nwhile os.path.exists('go'):\n    try:\n"
+        "        pid = os.fork()\n    except OSError:\n        time.sleep(0.01)\n        continue\n    if pid == 0:\n"
+        "        while os.path.exists('go'):\n            time.sleep(0.05)\n        os._exit(0)\n    kids.append(pid)\n"
+        "for pid in kids:\n    os.waitpid(pid, 0)\nprint('held', len(kids))")
+
+
+@ROOT_ONLY
+def test_a_branch_holding_the_process_limit_leaves_the_other_branches_intact() -> None:
+    # Branches of one lineage share its process limit. While one branch's cell holds all of it, another
+    # branch's cell cannot start: it says so, and that branch's worker and state stay (no crash, no rebuild).
+    limits = SandboxLimits(timeout_s=30.0, cpu_s=30, processes=12)
+    box = PythonSandbox(limits)
+    box.run("x = 1")
+    snap = box.snapshot()
+    branch = PythonSandbox(limits)
+    branch.restore(snap)
+    assert branch.run("x").output == "1\n"
+    held: list[str] = []
+    cell = threading.Thread(target=lambda: held.append(run(box, FILL)))
+    cell.start()
+    try:
+        for _ in range(300):
+            worker = branch.pid
+            refused = branch.run("x + 1")
+            if refused.status == "crashed":
+                break
+            time.sleep(0.1)
+        assert refused.status == "crashed" and "could not start" in refused.output, refused.output
+        assert branch.pid == worker  # the same worker, not rebuilt
+    finally:
+        os.unlink(os.path.join(box.host_workdir, "go"))
+        cell.join(60)
+    assert held and held[0].startswith("held"), held
+    assert branch.run("x + 2").output == "3\n" and branch.pid != worker  # a cell ran (and committed) there
+    branch.close()
+    box.close()
+    snap.release()
+    assert settled() == []
