@@ -124,17 +124,17 @@ class LineageGroups:
 
     def remove(self) -> bool:
         """Remove the (emptied) groups; the kernel may take a moment to let the last killed process go."""
-        left = []
-        for path in self.paths:
-            for _ in range(100):
+        for _ in range(100):
+            left = []
+            for path in self.paths:
                 try:
                     os.rmdir(path)
-                    break
                 except FileNotFoundError:
-                    break
+                    pass
                 except OSError:
-                    time.sleep(0.01)
-            else:
-                left.append(path)
-        self.paths = left
-        return not left
+                    left.append(path)
+            self.paths = left
+            if not left:
+                return True
+            time.sleep(0.01)
+        return False
