@@ -37,7 +37,8 @@ Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and
    devpts, SysV IPC and RLIMIT_NPROC (its own user namespace: other jobs of the same user do not count).
    Seccomp also refuses new namespaces, mounts, ptrace, process_vm_*, BPF, perf, io_uring, keyrings, module
    loading, clock/host changes, and what other lineages would feel: file locks (a bound file is one inode for
-   all), inotify (instances are counted per user), memfds, SysV segments and queues, POSIX queues.
+   all), inotify (instances are counted per user), memfds, SysV segments and queues, POSIX queues, native AIO
+   (one pool of events for the host). Each lineage's devpts holds 8 ptys of the host's pool.
 2. Bounded per cell by the kernel: CPU seconds, address space, file size, open files, processes; wall-clock
    time (the worker kills the cell's process group; a reply later than ``timeout_s`` + 2 s is not committed and
    the worker is rebuilt at the next cell); output size (truncated with a note).
@@ -45,14 +46,17 @@ Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and
    live snapshot, a worker, or a descendant of another sandbox's worker (a cell in flight); a released
    snapshot's frozen fork exits when its channel closes, and that next sweep makes sure. When the lineage's last
    sandbox or snapshot goes, its pid 1 is killed (``close()`` returns once the signal is sent; ``reaper.py``
-   waits for the lineage to be gone). The host exiting kills the jail (``--die-with-parent``).
-4. As root the jail runs as ``user`` (default ``nobody``) with no capability. As a normal user it runs as that
-   user inside a user namespace: the same layers hold, but a kernel escape would act as that user.
+   waits for the lineage to be gone). The host exiting kills the jail (``--die-with-parent``; the template is
+   forked by a thread that lives as long as the host process, ``lifetime.py``).
+4. As root each lineage runs as a host uid of its own (``uids.py``; inside, as ``user``, default ``nobody``)
+   with no capability, so the kernel's per-user counters are per lineage; each lineage has a memory and a CPU
+   cgroup (``cgroups.py``). As a normal user it runs as that user inside a user namespace: the same layers
+   hold, but per-user counters are shared and a kernel escape would act as that user.
 5. Not contained: the branches of one lineage (restores of one episode's native snapshots, i.e. one rollout
    tree) share its namespaces, uid and /tmp: a branch can signal or stop another live branch or a frozen
    snapshot of the same tree (a snapshot that stops answering, or whose files changed, falls back to
    replay). A cell can read what the jail binds (the Python installation, this folder). A lineage's memory is
-   bounded in all by its own memory cgroup where the host can make one, else per process only; CPU per cell.
+   bounded in all by its own memory cgroup where the host can make one, else per process only; CPU likewise.
    Kernel bugs reachable from an unprivileged user namespace are the residual risk; run large untrusted
    workloads in a VM as well.
 6. The audit hook that reports "blocked in the sandbox: ..." is a tripwire for clear error messages, not a
@@ -115,7 +119,8 @@ class SandboxLimits:
     """Largest file a cell may write (RLIMIT_FSIZE)."""
     processes: int = 64
     """RLIMIT_NPROC: processes of the lineage (its own user namespace), snapshots included. With
-    isolation="none" there is no user namespace: the count is every process of the sandbox user."""
+    isolation="none" there is no user namespace: the count is every process of the lineage's host uid (its own
+    as root, else every process of the sandbox user)."""
     open_files: int = 256
     """RLIMIT_NOFILE of the cell process."""
     max_output_chars: int = 4000
