@@ -176,7 +176,13 @@ class _Template:
         if as_root and user:
             import pwd
 
-            entry = pwd.getpwnam(user)
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:
+                raise SandboxUnavailableError(
+                    f"expected sandbox_user to name a user on this machine, got {user!r}, which does not exist; "
+                    f"fix: create it (useradd --system --no-create-home {user}) or pass an existing user such as "
+                    "'nobody'") from None
             self.uid, self.gid = entry.pw_uid, entry.pw_gid
         namespaces = isolation != "none"
         # As root, each lineage runs as its own host uid (uids.py); the template keeps what it needs to map them

@@ -23,15 +23,16 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from trace_gym.errors import TraceGymError
+from trace_gym.errors import SetupError
 
 ISOLATIONS = ("jail", "namespaces", "none")
 LINEAGE_DIR = "/run/lineage"  # where each lineage's tmpfs (its working directories and snapshots) is mounted
 _RUNTIME = os.path.join(os.path.dirname(os.path.realpath(__file__)), "runtime.py")  # the jail binds real paths
 
 
-class SandboxUnavailableError(TraceGymError, RuntimeError):
-    """A layer of the requested isolation cannot be set up on this machine."""
+class SandboxUnavailableError(SetupError, RuntimeError):
+    """A layer of the requested isolation cannot be set up on this machine (a setup failure: the CLI prints it
+    as one line with its fix)."""
 
 
 def bwrap_path() -> str:

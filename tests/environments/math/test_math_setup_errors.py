@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from trace_gym.environments.math.env import ArithmeticEnv
+from trace_gym.errors import SetupError
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox switches to its user only when started as root")
@@ -14,7 +17,18 @@ def test_a_sandbox_that_cannot_start_raises_out_of_step() -> None:
     env = ArithmeticEnv(n_tasks=2, sandbox_user="trace-gym-no-such-user")
     env.reset(seed=0)
     try:
-        with pytest.raises(KeyError, match="trace-gym-no-such-user"):
+        with pytest.raises(SetupError, match=r"trace-gym-no-such-user.*fix: "):
             env.step("<python>print(1)</python>")
     finally:
         env.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox switches to its user only when started as root")
+def test_an_unknown_sandbox_user_is_one_line_and_exit_2_from_the_cli() -> None:
+    cmd = [sys.executable, "-m", "trace_gym.training.cli", "eval", "--env", "trace/Arithmetic-v0", "--policy", "expert",
+           "--tasks", "1", "--env-arg", "sandbox_user=trace-gym-no-such-user"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: expected sandbox_user") and "fix: " in lines[-1], done.stderr
+    assert "Traceback" not in done.stderr
