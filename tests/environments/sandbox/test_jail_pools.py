@@ -4,12 +4,14 @@ layer on its own where it exists without the others.
 
 - native AIO events (``fs.aio-max-nr``, one pool for the host): the seccomp filter refuses ``io_setup``;
 - ptys (``kernel.pty.max``, shared by every devpts instance): each lineage's devpts holds at most 8;
-- per-user counters (pipe buffer pages, ``fs.pipe-user-pages-soft``): each lineage runs as its own host uid;
+- per-user counters (pipe buffer pages, ``fs.pipe-user-pages-soft``; the process count RLIMIT_NPROC reads): each
+  lineage runs as its own host uid;
 - CPU: each lineage's processes share one cgroup at the default weight, however many there are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -136,6 +138,48 @@ def test_each_lineage_runs_as_its_own_host_uid(isolation: str) -> None:
             assert run(a, "import os\nprint(os.getuid(), os.getgid())") == f"{template} {template}\n"
         snap.release()
     assert settled() == []
+
+
+HOLD = ("import os, time\nkids = []\nfor _ in range(40):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        time.sleep(60)\n        os._exit(0)\n    kids.append(pid)\ntime.sleep(12)\nprint(len(kids))")
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("isolation", ["jail", "none"])
+def test_another_lineage_s_processes_do_not_count_against_this_one(isolation: str) -> None:
+    # RLIMIT_NPROC counts a user's processes across the host: with one uid for every lineage, 40 processes
+    # held by one episode (or lineages still being torn down) left a neighbour with a limit of 32 no fork, so
+    # its native snapshot fell back to replay. The attacker's children stay alive while the neighbour forks.
+    small = SandboxLimits(timeout_s=20.0, cpu_s=20, processes=32, max_output_chars=2000)
+    many = SandboxLimits(timeout_s=20.0, cpu_s=20, processes=64, max_output_chars=2000)
+    with PythonSandbox(many, isolation=isolation) as attacker, PythonSandbox(small, isolation=isolation) as other:
+        attacker.run("import threading")  # a worker first, then the cell that forks and keeps its children
+        uid = _ids(attacker.pid)[0]
+        holding = threading.Thread(target=lambda: run(attacker, HOLD))
+        holding.start()
+        try:
+            deadline = time.monotonic() + 10
+            while _processes_of(uid) < 40 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _processes_of(uid) >= 40  # the attacker's uid holds 40 processes ...
+            other.run("x = 41")
+            snap = other.snapshot()
+            assert snap.kind == "native"  # ... and the neighbour still forks its frozen copy
+            assert run(other, "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+                              "print(os.waitpid(pid, 0)[1])") == "0\n"
+            snap.release()
+        finally:
+            holding.join(timeout=60)  # the holding cell ends after 12 s, its children with it
+    assert settled() == []
+
+
+def _processes_of(uid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                count += os.stat(f"/proc/{entry}").st_uid == uid
+    return count
 
 
 # --------------------------------------------------------------------------- CPU
