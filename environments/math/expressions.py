@@ -5,7 +5,9 @@ evaluated, imported or looked up by name), then turned into exact rationals (``e
 (``to_sympy``) node by node. No string ever reaches ``eval``, ``sympify`` or ``parse_expr``.
 
 Accepted (after ``answers.normalize``, so without spaces): numbers (``12``, ``0.5``, ``.5``), single-letter
-symbols (a run of letters is a product: ``pq`` = p*q), ``pi``/``\\pi``, ``+ - * / ^ **``, ``\\cdot``, ``\\times``,
+symbols (two small letters together are a product: ``pq`` = p*q; a longer run or one with a capital is a word or a
+letter sequence, ``CBAD``, ``east``, which ``word_runs`` finds and the grammar refuses: the letters of a word in
+another order are not the same answer), ``pi``/``\\pi``, ``+ - * / ^ **``, ``\\cdot``, ``\\times``,
 ``\\div``, implicit multiplication (``2\\sqrt{3}``, ``3(x+1)``), ``!`` on small integers, parentheses and
 braces, ``\\frac{a}{b}`` (and ``\\frac34``), ``\\sqrt{x}``, ``\\sqrt[n]{x}``, ``sqrt(x)``, and one top-level
 tuple (``(3,\\pi/2)``). Anything else is an ``ExpressionError`` (the caller then tries other checks).
@@ -29,6 +31,8 @@ MAX_DIGITS = 200
 MAX_RESULT_DIGITS = 10_000
 MAX_SYMBOLIC_EXPONENT = 1_000  # x^1000 is fine for simplify; x^(10^9) makes expand() build huge polynomials
 MAX_FACTORIAL = 1_000
+RELATIVE_TOLERANCE = Fraction(1, 10**6)
+"""How far a value may be from a gold written as a decimal with a fractional part, relative to the gold."""
 
 Node = tuple[Any, ...]
 """("num", Fraction) | ("sym", letter) | ("pi",) | (op, child, ...) for op in add neg mul div pow sqrt root fact;
@@ -38,6 +42,9 @@ _TOKEN = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)|(?P<cmd>\\[a-zA-Z]+)
                     r"|(?P<letter>[a-zA-Z])|(?P<op>\*\*|[-+*/^(){}\[\],!])", re.ASCII)
 _COMMANDS = {"\\frac", "\\dfrac", "\\tfrac", "\\sqrt", "\\pi", "\\cdot", "\\times", "\\div"}
 _MUL_OPS = {"*", "\\cdot", "\\times"}
+_NAMES = {"sqrt", "pi"}
+_SHORT_WORDS = {"or", "no", "to", "of", "is", "if", "on", "at", "by", "as", "an", "be", "it", "so"}
+_RUN = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}", re.ASCII)
 _DIV_OPS = {"/", "\\div"}
 
 
@@ -65,6 +72,24 @@ def _tokens(text: str) -> list[tuple[str, str]]:
         out.append((kind, value))
         pos = m.end()
     return out
+
+
+def relative_tolerance(gold: str) -> Fraction | None:
+    """``RELATIVE_TOLERANCE`` for a gold (normalised) written as a decimal whose value is not an integer, the only
+    gold that is given to some precision rather than exactly; None (exact equality) for every other gold."""
+    decimal = len(gold) <= MAX_DIGITS and re.fullmatch(r"-?[0-9]*\.[0-9]+", gold, re.ASCII) is not None
+    if decimal and Fraction(gold).denominator != 1:
+        return RELATIVE_TOLERANCE
+    return None
+
+
+def word_runs(text: str) -> list[str]:
+    """The runs of letters in ``text`` that are words or letter sequences rather than products: three or more
+    letters, two with a capital (``AB``, a segment) or a two-letter English word (``or``); LaTeX commands and the
+    names ``sqrt`` and ``pi`` are not runs. Other pairs of small letters (``xy``, ``bx``) are a product of symbols,
+    as algebra writes them."""
+    return [run for run in _RUN.findall(text)
+            if run not in _NAMES and (len(run) > 2 or not run.islower() or run in _SHORT_WORDS)]
 
 
 class _Parser:
@@ -221,6 +246,9 @@ def parse(text: str) -> Node:
         raise ExpressionError(f"longer than {MAX_CHARS} characters")
     if not text:
         raise ExpressionError("empty")
+    words = word_runs(text)
+    if words:
+        raise ExpressionError(f"a word or letter sequence ({words[0]!r}) is not an expression")
     parser = _Parser(text)
     node = parser.top()
     _size(node)

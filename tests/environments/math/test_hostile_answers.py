@@ -124,3 +124,74 @@ def test_the_slow_path_is_stopped_at_its_deadline_with_a_note() -> None:
 def test_legitimate_forms_still_score(gold: str, pred: str) -> None:
     reward, info = check_answer(pred, gold)
     assert reward == 1.0, info
+
+
+# --------------------------------------------------------------------------- answers built from each gold
+@pytest.fixture(scope="module")
+def golds() -> dict[str, list[str]]:
+    return hostile_answers.bundled_golds()
+
+
+def _expert_answer(gold: str, action_format: str) -> str:
+    """What the scripted expert answers after its cell ``print(answer)`` (the tool's output is what print wrote)."""
+    from trace_gym.environments.math.experts import MathExpert
+    from trace_gym.tasks import Task
+
+    expert = MathExpert(action_format)
+    task = Task(id="t", prompt="p", answer=gold)
+    return expert.act(task, [{"role": "tool", "content": f"{gold}\n"}])
+
+
+def test_every_bundled_gold_scores_against_itself_and_the_experts_answer(golds) -> None:
+    failed = [(env, gold, how) for env, values in golds.items() for gold in values
+              for how, answer in (("itself", gold), ("tags", _expert_answer(gold, "tags")),
+                                  ("hermes", _expert_answer(gold, "hermes")))
+              if check_answer(answer, gold)[0] != 1.0]
+    assert failed == [], failed[:20]
+    assert sum(map(len, golds.values())) > 14_000
+
+
+@pytest.mark.parametrize("kind", ["anagram", "near_value", "chain"])
+def test_answers_built_from_every_bundled_gold_score_zero(kind: str, golds) -> None:
+    # Decided on the host (strings, exact values, the shape of relations): every gold of every env.
+    scored, tried = [], 0
+    for env, values in golds.items():
+        for gold in values:
+            for answer in hostile_answers.against(gold)[kind]:
+                tried += 1
+                if check_answer(answer, gold)[0] != 0.0:
+                    scored.append((env, gold, answer))
+    assert scored == [] and tried > {"anagram": 500, "near_value": 40_000, "chain": 70_000}[kind], scored[:20]
+
+
+@pytest.mark.parametrize("kind", ["approximation", "hedge"])
+def test_answers_built_from_a_sample_of_bundled_golds_score_zero(kind: str, golds) -> None:
+    # These reach the jailed check: a seeded sample of the golds the class applies to, from every env.
+    import random
+
+    rng = random.Random(0)
+    pool = [(env, gold) for env, values in golds.items() for gold in values if hostile_answers.against(gold)[kind]]
+    sample = rng.sample(pool, 12)
+    scored = [(env, gold, answer) for env, gold in sample for answer in hostile_answers.against(gold)[kind]
+              if check_answer(answer, gold)[0] != 0.0]
+    assert scored == []
+
+
+@pytest.mark.parametrize(("gold", "answer"), [
+    ("\\text{CBAD}", "\\text{cbad}"),          # a letter sequence: its letters in order, any case
+    ("\\text{east}", "east"),
+    ("\\text{east}", "\\text{ east }"),
+    ("LQSX", "\\text{LQSX}"),
+    ("9\\text{ values}", "9"),                 # a gold's unit in words may be left out
+    ("9\\text{ values}", "9 \\text{ values}"),
+    ("xy", "yx"),                              # two small letters are a product
+    ("2xy + 10x + 20y + 100", "2yx+10x+20y+100"),
+    ("1.85", "1.8500001"),                     # a decimal gold: a relative 1e-6
+    ("0.5", "\\frac{1}{2}"),
+    ("1.414214", "\\sqrt{2}"),
+    ("809", "809.0"),                          # the same value
+    ("2880000", "2,880,000"),
+])
+def test_legitimate_forms_of_words_and_numbers_still_score(gold: str, answer: str) -> None:
+    reward, info = check_answer(answer, gold)
+    assert reward == 1.0, info
