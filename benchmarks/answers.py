@@ -42,7 +42,7 @@ TYPICAL = {
     "symbolic: \\frac{1}{\\sqrt{2}} (sympy)": ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}"),
     "symbolic: (x+1)(x-1) (sympy)": ("(x+1)(x-1)", "x^2-1"),
     "symbolic: a wrong tuple (sympy)": ("(3, \\pi)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
-    "symbolic: an interval (math-verify)": ("[2, 5)", "[2,5)"),
+    "symbolic: an interval (math-verify)": ("[2, \\frac{10}{2})", "[2,5)"),
 }
 SYMBOLIC = [pair for name, pair in TYPICAL.items() if "(sympy)" in name]
 GOLDS = ["18", "\\frac{14}{3}", "\\left( 3, \\frac{\\pi}{2} \\right)"]

@@ -246,7 +246,9 @@ def against(gold: str) -> dict[str, list[str]]:
                      f"{wrong} = x = {g}"]
     out["hedge"] += [f"{g} \\text{{ or }} {wrong}", f"{wrong} \\text{{ or }} {g}", f"{g} or {wrong}",
                      f"\\{{{g}, {wrong}\\}}", f"[{g}, {wrong}]", f"{g}, {wrong}", f"{wrong}, {g}",
-                     f"{g} \\lor {wrong}", f"{g} \\text{{ and }} {wrong}"]
+                     f"{g} \\lor {wrong}", f"{g} \\text{{ and }} {wrong}", f"${g}$ ${wrong}$", f"{wrong} \\\\ {g}",
+                     f"{wrong} \\to {g}", f"{wrong} \\Rightarrow {g}", f"\\{{{wrong}\\}} \\cup \\{{{g}\\}}",
+                     f"\\begin{{cases}} {g} \\\\ {wrong} \\end{{cases}}", f"{wrong} \\approx {g}", f"{wrong} \\neq {g}"]
     return out
 
 

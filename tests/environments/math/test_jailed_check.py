@@ -183,3 +183,32 @@ def test_an_answer_that_spends_the_cpu_budget_gets_zero_without_a_second_run() -
     reward, info = check_answer("\\{9^{9^{9^{9}}}\\}", "3")
     assert (reward, info["method"]) == (0.0, "timeout") and "CPU" in info["note"], info
     assert time.monotonic() - start < jailed.TIMEOUT_S + 30
+
+
+# --------------------------------------------------------------------------- the pool
+def test_the_pool_is_sized_to_the_machine_and_checks_in_parallel() -> None:
+    jailed.start_checker()
+    assert 1 <= len(jailed.checker_pids()) <= len(os.sched_getaffinity(0))
+    results: list[float] = []
+    threads = [threading.Thread(target=lambda p=pair: results.append(check_answer(*p)[0]))
+               for pair in [GOOD, ("(x+1)(x-1)", "x^2-1"), ("[2, \\frac{10}{2})", "[2,5)")] * 3]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [1.0] * len(threads)
+
+
+def test_a_check_that_finds_every_checker_busy_past_the_bound_raises(monkeypatch) -> None:
+    # Infrastructure, not the answer: it must not come back as a 0.
+    jailed.start_checker()
+    pool = jailed._pool("jail", "nobody")
+    held = [pool.acquire() for _ in range(len(pool.checkers))]
+    monkeypatch.setattr(jailed, "QUEUE_WAIT_S", 0.2)
+    try:
+        with pytest.raises(jailed.CheckerUnavailableError, match="busy"):
+            check_answer(*GOOD)
+    finally:
+        for checker in held:
+            pool.release(checker)
+    assert check_answer(*GOOD)[0] == 1.0
