@@ -35,8 +35,9 @@ MAX_CHARS = expressions.MAX_CHARS
 TIMEOUT_S = jailed.TIMEOUT_S
 RELATIVE_TOLERANCE = expressions.RELATIVE_TOLERANCE
 
-_UNIT_WORDS = (r"(?:dollars?|cents?|units?|degrees?|radians?|cm|mm|km|m|meters?|inches|inch|feet|foot|ft|miles?|"
-               r"hours?|minutes?|seconds?|days?|weeks?|years?|pounds?|ounces?|kg|g|grams?|liters?|mph|sq|square)")
+_UNIT_WORDS = (r"(?:dollars?|cents?|euros?|usd|units?|degrees?|radians?|rad|cm|mm|km|m|meters?|inches|inch|feet|"
+               r"foot|ft|miles?|acres?|hours?|minutes?|seconds?|days?|weeks?|years?|pounds?|ounces?|kg|mg|g|grams?|"
+               r"liters?|litres?|ml|gallons?|quarts?|pints?|cups?|tons?|mph|sq|square)")
 _TEXT = r"\\(?:text|textbf|textit|textnormal|mathrm|mbox)\s*"
 _ENVIRONMENT = re.compile(r"\\(?:begin|end)\s*\{[a-zA-Z*]*\}")
 _RELATION = re.compile(r"=|<|>|\\(?:leq?|geq?|neq?|ne|approx|equiv|simeq|sim|cong|lt|gt)(?![a-zA-Z])")
@@ -137,14 +138,17 @@ def unit_alias(gold: str) -> str | None:
     return head
 
 
-def _relation_refused(p: str, g: str) -> bool:
-    """A chain of relations (``6=x=5``; ``x=6=5`` is ``6=5`` once normalised) or a relation whose left side holds
-    no letter (``6=5``, ``2+3=5``), in an answer to a gold with fewer relations: a statement, not a value."""
-    count = len(_RELATION.findall(p))
-    if count <= len(_RELATION.findall(g)):
+def _relation_refused(pred: str, p: str, gold: str) -> bool:
+    """A chain of relations (``x=6=5``, ``6=x=5``) or a relation whose left side holds no letter (``6=5``,
+    ``2+3=5``), in an answer (``pred`` as written, ``p`` normalised, where ``x=`` is gone) to a gold with fewer
+    relations: a statement, not a value."""
+    count = len(_RELATION.findall(pred))
+    if count <= len(_RELATION.findall(gold)):
         return False
     if count >= 2:
         return True
+    if not _RELATION.search(p):
+        return False  # "x = 5": an assignment, read as its value
     lhs = _RELATION.split(p, maxsplit=1)[0]
     return re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs)) is None
 
@@ -212,7 +216,7 @@ def check_answer(pred: str | None, gold: Any, isolation: str = "jail",
                 info["method"] = "exact"
                 return 1.0, info
             continue  # a word or letter sequence is its letters in their order: no other check may reorder them
-        if _relation_refused(p, g):
+        if _relation_refused(pred, p, g_raw):
             continue
         tolerance = expressions.relative_tolerance(g)
         pr, gr = _rational(p), _rational(g)
