@@ -23,6 +23,7 @@ ENV_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "trace/AIME24-v0": (_MATH, {"dataset": "aime24"}),
     "trace/AMC23-v0": (_MATH, {"dataset": "amc23"}),
     "trace/Arithmetic-v0": ("trace_gym.environments.math.env:ArithmeticEnv", {}),  # defaults = level 3
+    "trace/ArithmeticChain-v0": ("trace_gym.environments.math.chain:ChainEnv", {}),
     "trace/BFCL-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
     "trace/BFCL-MultiTurn-Base-v0": (_BFCL_MT, {"category": "multi_turn_base"}),
     "trace/BFCL-MultiTurn-MissFunc-v0": (_BFCL_MT, {"category": "multi_turn_miss_func"}),

@@ -9,7 +9,7 @@ of operators and the operand size; see docs/measured.md ("The tiny model on Arit
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,16 +102,18 @@ def make_tasks(n: int, cfg: ArithmeticConfig | None = None, seed: int = 0) -> li
 
 @dataclass(frozen=True)
 class Tier:
-    """One difficulty tier of a mixed pool: its share of the tasks and its generator settings."""
+    """One difficulty tier of a mixed pool: its share of the tasks and its generator settings (an
+    ``ArithmeticConfig``, or a ``chain.ChainConfig`` for the chain family)."""
 
     name: str
     share: float
-    config: ArithmeticConfig
+    config: Any
 
 
-def parse_tiers(tiers: Mapping[str, Mapping[str, Any]]) -> list[Tier]:
-    """``{name: {share, min_ops, max_ops, min_digits, max_digits, word_fraction}}`` (YAML's form) as tiers."""
-    known = {f.name for f in dataclasses.fields(ArithmeticConfig)}
+def parse_tiers(tiers: Mapping[str, Mapping[str, Any]], config_cls: type = ArithmeticConfig) -> list[Tier]:
+    """``{name: {share, <config_cls field>: value, ...}}`` (YAML's form) as tiers; the fields are those of
+    ``config_cls`` (Arithmetic's: min_ops, max_ops, min_digits, max_digits, word_fraction)."""
+    known = {f.name for f in dataclasses.fields(config_cls)}
     out = []
     for name, spec in tiers.items():
         if not isinstance(spec, Mapping) or "share" not in spec:
@@ -123,14 +125,16 @@ def parse_tiers(tiers: Mapping[str, Mapping[str, Any]]) -> list[Tier]:
         share = float(spec["share"])
         if share <= 0:
             raise ConfigError(f"expected tier {name!r} share > 0, got {share}")
-        out.append(Tier(str(name), share, ArithmeticConfig(**{k: v for k, v in spec.items() if k != "share"})))
+        out.append(Tier(str(name), share, config_cls(**{k: v for k, v in spec.items() if k != "share"})))
     if not out:
         raise ConfigError("expected at least one tier, got none; fix: leave tiers unset for one difficulty")
     return out
 
 
-def make_tiered_tasks(n: int, tiers: Sequence[Tier], seed: int = 0) -> list[Task]:
+def make_tiered_tasks(n: int, tiers: Sequence[Tier], seed: int = 0,
+                      make: Callable[[np.random.Generator, Any, int], Task] = make_task) -> list[Task]:
     """``n`` tasks drawn from ``tiers`` in proportion to their shares, shuffled; ``meta['tier']`` names each one's.
+    ``make(rng, tier.config, index)`` builds one task (Arithmetic's `make_task` by default).
 
     Counts are the shares' largest-remainder rounding of ``n``, so a pool holds its tiers' shares exactly.
     """
@@ -143,6 +147,6 @@ def make_tiered_tasks(n: int, tiers: Sequence[Tier], seed: int = 0) -> list[Task
     order = rng.permutation(np.repeat(np.arange(len(tiers)), counts))
     tasks = []
     for index, k in enumerate(order):
-        task = make_task(rng, tiers[int(k)].config, index)
+        task = make(rng, tiers[int(k)].config, index)
         tasks.append(dataclasses.replace(task, meta={**task.meta, "tier": tiers[int(k)].name}))
     return tasks
