@@ -58,6 +58,28 @@ TIERS = {"guess": {"share": 0.3, "min_ops": 1, "max_ops": 1, "min_digits": 1, "m
 # The warm start's SFT: the two tiers it can learn, an expert that guesses on half of the "guess" episodes.
 SFT_TIERS = {k: {**TIERS[k], "share": 0.5} for k in ("guess", "tool")}
 EXPERT = {"guess": 0.5, "guess_tiers": ["guess"]}
+# Arithmetic chains (trace/ArithmeticChain-v0): one calc call per statement, each carrying the last result.
+# guess: two statements, where the warm start's expert answered after the first call in half of its episodes
+# (a decision taken at depth 1); tool: three statements, which it finishes; hard: five statements on 2-digit
+# operands with values up to 99,999, outside its SFT (never solved: the all-failure groups of the regime).
+CHAIN_TIERS = {"guess": {"share": 0.3, "min_steps": 2, "max_steps": 2},
+               "tool": {"share": 0.35, "min_steps": 3, "max_steps": 3},
+               "hard": {"share": 0.35, "min_steps": 5, "max_steps": 5, "min_digits": 2, "max_digits": 2,
+                        "max_value": 99_999}}
+CHAIN_SFT_TIERS = {k: {**CHAIN_TIERS[k], "share": 0.5} for k in ("guess", "tool")}
+# Per task: the runs/bench folder of its warm start, the env, its training tiers, other env settings, and the
+# warm start's overrides (SFT episodes from the learnable tiers, the expert's habit).
+TASKS: dict[str, dict[str, Any]] = {
+    "tiers": {"name": "arithmetic-tiers", "env": ENV, "tiers": TIERS, "env_kwargs": {"word_fraction": 0.0},
+              "overrides": [], "warm_overrides": [
+                  "env.kwargs=" + json.dumps({"n_tasks": 2000, "task_seed": 0, "word_fraction": 0.0,
+                                              "tiers": SFT_TIERS}),
+                  f"sft.expert={json.dumps(EXPERT)}"]},
+    "chain": {"name": "chain-tiers", "env": "trace/ArithmeticChain-v0", "tiers": CHAIN_TIERS, "env_kwargs": {},
+              "overrides": [], "warm_overrides": [
+                  f"env.kwargs={json.dumps({'n_tasks': 2000, 'task_seed': 0, 'tiers': CHAIN_SFT_TIERS})}",
+                  f"sft.expert={json.dumps(EXPERT)}"]},
+}
 ALLOCATORS = ("grpo", "pcl", "treepo", "trace", "trace_adaptive")
 BUDGET = (128, 1)  # roots M x continuations N: 256 trajectories per step, the quickstart's budget
 
@@ -243,9 +265,7 @@ def main() -> None:
     allocators = tuple(args.allocators or (("grpo", "trace") if quick else ALLOCATORS))
     shapes = (BUDGET, (64, 3)) if quick else (BUDGET, (64, 3), (32, 7))  # equal total: 256 trajectories/step
     start = time.perf_counter()
-    model = warm_model(ENV, "arithmetic-tiers", [
-        f"env.kwargs={json.dumps({'n_tasks': 2000, 'task_seed': 0, 'word_fraction': 0.0, 'tiers': SFT_TIERS})}",
-        f"sft.expert={json.dumps(EXPERT)}"])
+    model = warm_model(ENV, TASKS["tiers"]["name"], TASKS["tiers"]["warm_overrides"])
     base = {"model": model, "steps": steps, "eval_every": args.eval_every, "eval_tasks": eval_tasks,
             "eval_samples": args.eval_samples, "pool": 64, "tasks": args.tasks,
             "threads": max(1, 2 // args.workers)}
