@@ -29,13 +29,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trace_gym.errors import ConfigError, nearest
 
 AllocatorName = Literal["trace", "grpo", "pcl", "treepo", "uniform_uniform", "uniform_active", "active_uniform",
-                        "active_active", "oracle", "trace_adaptive"]
+                        "active_active", "oracle", "trace_adaptive", "trace_root", "trace_refund", "trace_plus",
+                        "trace_root_uniform"]
 """`alloc.allocator`: training/allocation/allocators.py builds each."""
 ALLOCATORS: tuple[str, ...] = get_args(AllocatorName)
 
 AdvantageMethod = Literal["grpo", "tree_grpo", "tree_value"]
 """`optim.advantage`: training/update/advantages.py computes each."""
 ADVANTAGE_METHODS: tuple[str, ...] = get_args(AdvantageMethod)
+
+PredictorTarget = Literal["leaves", "children"]
+"""`predictor.target`: what a prefix's success target is (training/allocation/predictor.py, training_examples)."""
 
 OptimizerName = Literal["adamw", "sgd"]
 """`optim.optimizer`: training/update/optimizers.py builds each."""
@@ -248,6 +252,13 @@ class PredictorConfig(Section):
     prior_strength: float = Field(0.0, ge=0)
     """> 0: value a revisited prompt by its own past outcomes, the shared prediction a prior worth this many
     rollouts (training/allocation/predictor.py, PromptPosterior); 0: off."""
+    target: PredictorTarget = "leaves"
+    """A prefix's fit target: ``leaves``, the mean leaf reward below it (the paper's bottom-up average), or
+    ``children``, the mean of its children's targets, so that continuations spent deeper in a subtree count once
+    at its ancestors."""
+    calibrate: bool = False
+    """Recalibrate the predictions online (per depth class, on the last steps' out-of-sample predictions:
+    predictor.py, CalibratedPredictor)."""
 
 
 class OptimConfig(Section):
@@ -270,7 +281,11 @@ class OptimConfig(Section):
     grad_clip: float = Field(1.0, ge=0)
     """Global gradient-norm clip (0 disables)."""
     mini_batch: int = Field(64, ge=1)
-    """Trained nodes per optimiser step."""
+    """Trained nodes per optimiser step (unless mini_batches is set)."""
+    mini_batches: int = Field(0, ge=0)
+    """> 0: exactly this many optimiser steps per epoch, the step's trained nodes split evenly over them however
+    many they are (fewer only when there are fewer nodes), so that allocators which leave more or fewer nodes
+    with a non-zero advantage still take equal steps; 0: steps of ``mini_batch`` nodes."""
     micro_batch: int = Field(8, ge=1)
     """Trained nodes per forward/backward with update=rows (gradient accumulation up to `mini_batch`)."""
     update: Literal["packed", "rows"] = "packed"
@@ -291,6 +306,9 @@ class OptimConfig(Section):
     """Weight of the k3 KL to the initial policy (0: no reference model is kept)."""
     skip_zero_advantage: bool = True
     """Leave nodes with zero advantage out of the update (they add no gradient, only compute)."""
+    shuffle_advantages: bool = False
+    """A control, not a training setting: permute the advantages over the trained nodes before each update (the
+    same values, on random nodes), so a run measures what updates of this size do without the reward's signal."""
 
     @model_validator(mode="after")
     def _relations(self) -> OptimConfig:

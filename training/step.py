@@ -20,6 +20,10 @@ Choices where the paper is silent:
 4. Nodes with zero advantage are left out of the update when asked (``skip_zero``): they add no policy
    gradient, and the token-level normaliser then counts only the trained nodes' tokens. Each node is trained
    once, with its own prefix as context.
+5. An allocator with ``refund`` exchanges stage-2 continuations for root rollouts on prompts stage 1 left out
+   (`stages.refund_plan`); those run as bare rollouts after the continuations, sampled with
+   ``derive(seed, step, 4)``, and join the step's root allocation. Each step logs its anchors' realised and
+   expected flips (`stages.flip_metrics`).
 
 The viewer's annotation schema, written here from the stages' records: keys of ``node.meta`` that
 ``viz/viewer.py`` reads (and nothing else writes):
@@ -50,10 +54,13 @@ from trace_gym.training.allocation.metrics import tree_metrics
 from trace_gym.training.allocation.predictor import Predictor, Prefix
 from trace_gym.training.allocation.stages import (
     ContinuationPlan,
+    Refund,
     RootAllocation,
     allocate_roots,
     fit_predictor,
+    flip_metrics,
     plan_continuations,
+    refund_plan,
 )
 from trace_gym.training.config import AdvantageMethod, StepBudget
 from trace_gym.training.rollout.collector import Collector, CollectStats, context_ids
@@ -120,10 +127,12 @@ class StepResult:
 
 def take_step(collector: Collector, allocator: Allocator, predictor: Predictor, pool: Sequence[Task],
               budget: StepBudget, *, seed: int, step: int, advantage: AdvantageMethod = "tree_grpo",
-              update: Update | None = None, skip_zero: bool = True, timer: StageTimer | None = None) -> StepResult:
+              update: Update | None = None, skip_zero: bool = True, timer: StageTimer | None = None,
+              predictor_target: str = "leaves") -> StepResult:
     """Allocate over the candidate ``pool``, roll out and expand through ``collector``, score and fit
-    ``predictor`` on the fresh trees, build the update's samples and, given ``update``, update the policy.
-    ``timer`` collects time/allocate_s, rollout_s, expand_s, predictor_s and update_s."""
+    ``predictor`` on the fresh trees (targets: ``predictor_target``), build the update's samples and, given
+    ``update``, update the policy. ``timer`` collects time/allocate_s, rollout_s, expand_s, predictor_s and
+    update_s."""
     rng = generator(seed, step)
     timer = timer if timer is not None else StageTimer()
     exact = collector.true_values if isinstance(collector, ExactValues) else None
@@ -138,15 +147,23 @@ def take_step(collector: Collector, allocator: Allocator, predictor: Predictor, 
         stats = collector.bare_rollouts(roots.counts, seed=derive(seed, step, 0))
     with timer("expand"):
         plan = plan_continuations(allocator, values, collector.trees, roots, budget, rng)
+        refund = Refund({}, 0.0, 0.0)
+        if allocator.refund:  # choice 5
+            plan, refund = refund_plan(plan, roots, allocator.cap)
+        first_new = {tid: len(tree) for tid, tree in collector.trees.items()}
         stats += collector.continuations(plan.counts(), seed=derive(seed, step, 1))
+        if refund.counts:
+            stats += collector.bare_rollouts(refund.counts, seed=derive(seed, step, 4))
+            roots = RootAllocation(roots.task_ids, roots.values, {**roots.counts, **refund.counts})
     trees = collector.trees
-    metrics: dict[str, Any] = {**roots.metrics(), **plan.metrics(), **stats.metrics("rollout/"),
+    metrics: dict[str, Any] = {**roots.metrics(), **plan.metrics(), **refund.metrics(), **stats.metrics("rollout/"),
                                "alloc/budget": float(stats.trajectories)}
     metrics.update(tree_metrics(list(trees.values()), advantage))
+    metrics.update(flip_metrics(trees, plan, first_new))
     # Before the fit (choice 3): an allocator that learns from outcomes sees this step's trees by pool index.
     metrics.update(allocator.observe({i: trees[t.id] for i, t in enumerate(pool) if t.id in trees}))
     with timer("predictor"):
-        metrics.update(fit_predictor(predictor, list(trees.values()), exact))
+        metrics.update(fit_predictor(predictor, list(trees.values()), exact, predictor_target))
     samples = build_samples(trees, advantage, skip_zero)
     annotate(trees, roots, plan, samples)
     if update is not None:

@@ -24,6 +24,18 @@ Deviations and choices where the paper is silent:
    every epoch, and no shared feature knows a prompt's own difficulty as well as its own past groups. On
    Arithmetic level 2 (docs/learning.md) both moved trace's root stage up by about as much as the seeds'
    spread, so they are not the default.
+6. Targets (`training_examples`): ``leaves`` is the paper's V̂, the mean leaf reward below a node, weighted by
+   the leaf count. Continuations are chosen where an outcome looked likely to flip, so at an ancestor of an
+   expanded prefix they outnumber the other branches and pull its target towards the surprising outcome.
+   ``children`` (opt-in) averages a node's children's targets instead, each child once (a child is one draw of
+   the policy from the node), weighted by the number of children: an expanded subtree then counts once at
+   its ancestors.
+7. ``CalibratedPredictor`` (opt-in, ``predictor.calibrate``) recalibrates its inner predictor online: before
+   each fit it records the inner predictions on the fresh examples (out of sample) with their targets, and
+   maps predictions through a logistic recalibration sigmoid(a·logit + b) per depth class (roots; prefixes of
+   depth >= 1), fitted by Newton's method on the last ``window`` steps' records, with a ridge towards the
+   identity. Stage 2 reads prefix values where one class's miscalibration decides every 1 - q^k, and the
+   text features alone give prefixes and roots one shared scale.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from trace_gym.errors import ConfigError
-from trace_gym.tree_stats import tree_values
+from trace_gym.tree_stats import tree_arrays, tree_values
 
 _WORD = re.compile(r"\w+|[^\w\s]")  # words and single symbols: operators and brackets carry difficulty
 
@@ -79,13 +91,35 @@ class Predictor(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def training_examples(trees: Sequence[Any]) -> tuple[list[Prefix], np.ndarray, np.ndarray]:
-    """(prefixes, targets V̂, weights n_y) for every non-terminal node with a finished leaf below it."""
+def children_values(tree: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(target, weight) per node in creation order (deviation 6, ``children``): a finished leaf's reward with
+    weight 1; an inner node's mean over its children that have a finished leaf, weighted by their number; NaN
+    and 0 where no child has one."""
+    a = tree_arrays(tree)
+    n = len(a.parents)
+    sums, kids = np.zeros(n), np.zeros(n)
+    values = np.where(a.is_leaf, a.rewards, np.nan)
+    for i in range(n - 1, -1, -1):  # children come after their parents: each is final when its parent reads it
+        if not a.is_leaf[i]:
+            values[i] = sums[i] / kids[i] if kids[i] > 0 else np.nan
+        if i and np.isfinite(values[i]):
+            sums[a.parents[i]] += values[i]
+            kids[a.parents[i]] += 1
+    return values, np.where(a.is_leaf, 1.0, kids)
+
+
+def training_examples(trees: Sequence[Any], target: str = "leaves") -> tuple[list[Prefix], np.ndarray, np.ndarray]:
+    """(prefixes, targets, weights) for every non-terminal node with a finished leaf below it: V̂ and leaf counts
+    n_y (``leaves``), or children's means and child counts (``children``, deviation 6)."""
+    if target not in ("leaves", "children"):
+        raise ConfigError(f"expected a target 'leaves' or 'children', got {target!r}")
     prefixes: list[Prefix] = []
     targets: list[float] = []
     weights: list[float] = []
     for tree in trees:
         values, counts = tree_values(tree)
+        if target == "children":
+            values, counts = children_values(tree)
         for n in tree.nodes:
             if not n.is_terminal and counts[n.id] > 0:
                 prefixes.append(Prefix.from_tree(tree, n.id))
@@ -356,6 +390,74 @@ class PromptPosterior:
             raise ConfigError(f"expected a PromptPosterior state, got kind {state.get('kind')!r}")
         self.inner.load_state_dict(state["inner"])
         self.counts = {k: (float(s), float(n)) for k, (s, n) in state["counts"].items()}
+
+
+class CalibratedPredictor:
+    """``inner``'s predictions through an online logistic recalibration per depth class (deviation 7)."""
+
+    CLASSES = ("root", "prefix")
+
+    def __init__(self, inner: Any, window: int = 8, ridge: float = 1.0, iterations: int = 25):
+        if window < 1 or ridge < 0 or iterations < 1:
+            raise ConfigError(f"expected window >= 1, ridge >= 0 and iterations >= 1, got {window}, {ridge}, "
+                              f"{iterations}")
+        self.inner, self.window, self.ridge, self.iterations = inner, window, ridge, iterations
+        self.params = {c: (1.0, 0.0) for c in self.CLASSES}  # (a, b): the identity until records exist
+        self.records: list[dict[str, np.ndarray]] = []  # per fit: logit, target, weight, is_prefix
+
+    @staticmethod
+    def _logit(p: np.ndarray) -> np.ndarray:
+        p = np.clip(np.asarray(p, dtype=np.float64), 1e-6, 1 - 1e-6)
+        return np.log(p) - np.log1p(-p)
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        z = self._logit(self.inner.predict(prefixes))
+        deep = np.array([p.depth > 0 for p in prefixes], dtype=bool)
+        a = np.where(deep, self.params["prefix"][0], self.params["root"][0])
+        b = np.where(deep, self.params["prefix"][1], self.params["root"][1])
+        return _sigmoid(a * z + b)
+
+    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+        t, w = np.asarray(targets, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+        _check_fit_inputs(prefixes, t, w)
+        if len(prefixes):  # the inner predictions before the inner fit: out of sample
+            self.records = [*self.records, {"z": self._logit(self.inner.predict(prefixes)), "t": t, "w": w,
+                                            "deep": np.array([p.depth > 0 for p in prefixes], dtype=bool)}]
+            self.records = self.records[-self.window:]
+        out = dict(self.inner.fit(prefixes, t, w))
+        z, tt, ww, deep = (np.concatenate([r[k] for r in self.records]) if self.records else np.zeros(0)
+                           for k in ("z", "t", "w", "deep"))
+        for c, sel in (("root", deep == 0), ("prefix", deep == 1)):
+            if sel.any():
+                self.params[c] = self._platt(z[sel], tt[sel], ww[sel])
+            out[f"predictor/calibration_{c}_a"], out[f"predictor/calibration_{c}_b"] = self.params[c]
+        return out
+
+    def _platt(self, z: np.ndarray, t: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+        """(a, b) minimising Σ w·BCE(sigmoid(a z + b), t) + ridge·((a - 1)² + b²), by Newton's method."""
+        x = np.stack([z, np.ones_like(z)], axis=1)
+        theta = np.array([1.0, 0.0])
+        prior = np.array([1.0, 0.0])
+        for _ in range(self.iterations):
+            p = _sigmoid(x @ theta)
+            grad = x.T @ (w * (p - t)) + 2 * self.ridge * (theta - prior)
+            hess = (x * (w * p * (1 - p))[:, None]).T @ x + 2 * self.ridge * np.eye(2) + 1e-9 * np.eye(2)
+            step = np.linalg.solve(hess, grad)
+            theta = theta - step
+            if np.abs(step).max() < 1e-8:
+                break
+        return float(theta[0]), float(theta[1])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "calibrated", "inner": self.inner.state_dict(), "params": dict(self.params),
+                "records": [dict(r) for r in self.records]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "calibrated":
+            raise ConfigError(f"expected a CalibratedPredictor state, got kind {state.get('kind')!r}")
+        self.inner.load_state_dict(state["inner"])
+        self.params = {c: (float(a), float(b)) for c, (a, b) in state["params"].items()}
+        self.records = [{k: np.asarray(v) for k, v in r.items()} for r in state["records"]]
 
 
 def with_memory(predictor: Any, replay: int = 0, prior_strength: float = 0.0) -> Any:

@@ -16,7 +16,9 @@ Deviations and choices where the paper is silent:
 4. Ties are broken towards earlier prompts (root DP) and earlier prefixes (prefix greedy), so the solvers
    are deterministic.
 5. The prefix solver spends its whole budget even when every marginal gain is 0 (q = 1): budget
-   conservation across allocators matters more than the wasted continuations, which still train.
+   conservation across allocators matters more than the wasted continuations, which still train. The
+   ``refund`` allocators (allocators.py, deviation 8) hand such continuations back to the root stage instead,
+   reading the root stage's optimum at every budget (`root_values_by_budget`).
 """
 
 from __future__ import annotations
@@ -55,11 +57,9 @@ def _check_probabilities(name: str, x: np.ndarray) -> None:
                          "must return finite values in [0, 1])")
 
 
-def solve_roots(values: np.ndarray, budget: int, cap: int) -> np.ndarray:
-    """Exact m maximising Σ U_root(v_i, m_i) with Σ m = budget, m_i ∈ {0} ∪ {2..cap}.
-
-    values: (n,) success probabilities. Returns (n,) int64 counts. Raises ConfigError when infeasible.
-    """
+def _root_dp(values: np.ndarray, budget: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """(best, choice): best[b], the largest Σ U_root spending exactly b (-inf where no allocation does), and
+    choice[i, b], m_i at that optimum over the first i + 1 prompts."""
     v = np.asarray(values, dtype=np.float64)
     _check_probabilities("values", v)
     n = len(v)
@@ -85,6 +85,16 @@ def solve_roots(values: np.ndarray, budget: int, cap: int) -> np.ndarray:
             new = np.where(better, cand, new)
             choice[i] = np.where(better, m, choice[i])
         best = new
+    return best, choice
+
+
+def solve_roots(values: np.ndarray, budget: int, cap: int) -> np.ndarray:
+    """Exact m maximising Σ U_root(v_i, m_i) with Σ m = budget, m_i ∈ {0} ∪ {2..cap}.
+
+    values: (n,) success probabilities. Returns (n,) int64 counts. Raises ConfigError when infeasible.
+    """
+    best, choice = _root_dp(values, budget, cap)
+    n = len(choice)
     if not np.isfinite(best[budget]):
         raise ConfigError(
             f"expected a root budget that {n} prompts with 0 or 2..{cap} rollouts each can spend exactly, "
@@ -96,6 +106,12 @@ def solve_roots(values: np.ndarray, budget: int, cap: int) -> np.ndarray:
         m[i] = choice[i, b]
         b -= m[i]
     return m
+
+
+def root_values_by_budget(values: np.ndarray, budget: int, cap: int) -> np.ndarray:
+    """(budget + 1,): the optimum of the root problem over ``values`` at every budget 0..budget (-inf where
+    no allocation spends it exactly): what b more root rollouts on these prompts would add."""
+    return _root_dp(values, budget, cap)[0]
 
 
 def solve_prefixes(rewards: np.ndarray, values: np.ndarray, budget: int) -> np.ndarray:

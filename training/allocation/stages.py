@@ -12,6 +12,16 @@ Choices where the paper is silent:
 1. Open prefixes are the non-terminal nodes of depth >= 1 after the bare rollouts; each lies on exactly one
    bare rollout, whose reward is its r. A prompt with none sends its continuation budget to the root.
 2. The predictor is scored on the fresh trees before it is fit on them, so its metrics are out-of-sample.
+3. For an allocator with ``root_anchor`` the root of a prompt whose bare rollouts all agree is one more
+   anchor, with that agreed reward as r and the root's prediction as v; it competes with the open prefixes
+   of its prompt for the prompt's budget. Root anchors are `PrefixChoice`s at node 0.
+4. ``refund_plan`` (allocators with ``refund``) exchanges stage-2 continuations for stage-1 roots in pairs:
+   the two smallest marginal gains q^t(1 - q) of the planned continuations against what two more root
+   rollouts on the pool's unchosen prompts add at the root stage's optimum; it stops at the first pair
+   that does not gain. The refunded roots are bare rollouts of those prompts (no continuations).
+5. A flip (`flip_metrics`) is an anchor of which at least one continuation ended with the other outcome
+   than its r; expected flips are Σ 1 - q^k with the values stage 2 saw. Reported per step for depth >= 1
+   anchors (``alloc/prefix_*``) and for root anchors (``alloc/root_anchor_*``).
 """
 
 from __future__ import annotations
@@ -26,7 +36,13 @@ from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import Allocator, expand_counts
 from trace_gym.training.allocation.metrics import brier, calibration_metrics, rank_correlation
 from trace_gym.training.allocation.predictor import Predictor, Prefix, training_examples
-from trace_gym.training.allocation.solvers import prefix_utility, root_utility
+from trace_gym.training.allocation.solvers import (
+    prefix_same_outcome,
+    prefix_utility,
+    root_utility,
+    root_values_by_budget,
+    solve_roots,
+)
 from trace_gym.training.config import StepBudget
 from trace_gym.tree import RolloutTree
 from trace_gym.tree_stats import tree_values
@@ -113,7 +129,9 @@ class ContinuationPlan:
     def metrics(self) -> dict[str, float]:
         counts = self.counts()
         return {"alloc/continuations": float(sum(counts.values())),
-                "alloc/root_extra": float(sum(self.root_extra.values())), "alloc/branch_points": float(len(counts))}
+                "alloc/root_extra": float(sum(self.root_extra.values())), "alloc/branch_points": float(len(counts)),
+                "alloc/root_anchor_continuations": float(sum(c.continuations for c in self.prefixes
+                                                             if c.node_id == 0))}
 
 
 def open_prefixes(tree: RolloutTree) -> list[int]:
@@ -121,9 +139,21 @@ def open_prefixes(tree: RolloutTree) -> list[int]:
     return [n.id for n in tree.nodes if n.depth >= 1 and not n.is_terminal]
 
 
+def bare_outcomes(tree: RolloutTree) -> list[float]:
+    """The reward of each finished bare rollout (a root child followed through first-created children)."""
+    out = []
+    for c in tree.root.children:
+        node = tree[c]
+        while node.children:
+            node = tree[min(node.children)]
+        if node.is_terminal:
+            out.append(float(node.reward))
+    return out
+
+
 def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str, RolloutTree],
                        roots: RootAllocation, budget: StepBudget, rng: np.random.Generator) -> ContinuationPlan:
-    """Stage 2: each prompt's budget `prefix_budget(m_i)` over its open prefixes."""
+    """Stage 2: each prompt's budget `prefix_budget(m_i)` over its open prefixes (and its root, choice 3)."""
     choices: list[PrefixChoice] = []
     root_extra: dict[str, int] = {}
     for tid, tree in trees.items():
@@ -132,6 +162,10 @@ def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str
             continue
         nodes = open_prefixes(tree)
         rewards = np.clip(np.nan_to_num(tree_values(tree)[0][nodes]), 0.0, 1.0)
+        outcomes = bare_outcomes(tree)
+        if allocator.root_anchor and outcomes and min(outcomes) == max(outcomes):  # choice 3
+            nodes = [0, *nodes]
+            rewards = np.concatenate([[float(np.clip(outcomes[0], 0.0, 1.0))], rewards])
         predicted = bool(allocator.needs_prefix_values and nodes)
         estimates = values([Prefix.from_tree(tree, n) for n in nodes]) if predicted else np.full(len(nodes), 0.5)
         counts, extra = expand_counts(allocator, rewards, estimates, b, rng)
@@ -142,11 +176,86 @@ def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str
     return ContinuationPlan(tuple(choices), root_extra)
 
 
+@dataclass(frozen=True)
+class Refund:
+    """What `refund_plan` handed back: ``counts[task id] = m`` root rollouts on prompts stage 1 left out, the
+    expected mixed groups they add (``gain``) and the expected flips the continuations they replace would
+    have found (``cost``)."""
+
+    counts: dict[str, int]
+    gain: float
+    cost: float
+
+    def metrics(self) -> dict[str, float]:
+        return {"alloc/refund": float(sum(self.counts.values())), "alloc/refund_prompts": float(len(self.counts)),
+                "alloc/refund_gain": self.gain, "alloc/refund_cost": self.cost}
+
+
+def refund_plan(plan: ContinuationPlan, roots: RootAllocation, cap: int) -> tuple[ContinuationPlan, Refund]:
+    """Choice 4: ``plan`` with its least useful continuations removed in pairs, and the root rollouts on the
+    pool's unchosen prompts they pay for. Needs the values both stages saw; without them nothing moves."""
+    units: list[tuple[float, int]] = []  # (marginal gain, index of the choice in plan.prefixes)
+    for i, c in enumerate(plan.prefixes):
+        if c.value is None:
+            continue
+        q = float(prefix_same_outcome(c.reward, min(max(c.value, 0.0), 1.0)))
+        units += [(q**t * (1.0 - q), i) for t in range(c.continuations)]
+    rest = [j for j, tid in enumerate(roots.task_ids) if tid not in roots.counts]
+    if roots.values is None or not rest or len(units) < 2:
+        return plan, Refund({}, 0.0, 0.0)
+    values = np.clip(roots.values[rest], 0.0, 1.0)
+    most = 2 * (len(units) // 2)
+    best = root_values_by_budget(values, most, cap)
+    units.sort()
+    moved, cost = 0, 0.0
+    while moved + 2 <= most and np.isfinite(best[moved + 2]):
+        pair = units[moved][0] + units[moved + 1][0]
+        if best[moved + 2] - best[moved] <= pair + 1e-12:
+            break
+        cost += pair
+        moved += 2
+    if moved == 0:
+        return plan, Refund({}, 0.0, 0.0)
+    removed = np.bincount([i for _, i in units[:moved]], minlength=len(plan.prefixes))
+    prefixes = tuple(PrefixChoice(c.task_id, c.node_id, c.reward, c.value, c.continuations - int(removed[i]))
+                     for i, c in enumerate(plan.prefixes))
+    m = solve_roots(values, moved, cap)
+    counts = {roots.task_ids[rest[j]]: int(m[j]) for j in np.flatnonzero(m)}
+    return ContinuationPlan(prefixes, plan.root_extra), Refund(counts, float(best[moved]), cost)
+
+
+def flip_metrics(trees: Mapping[str, RolloutTree], plan: ContinuationPlan, first_new: Mapping[str, int]
+                 ) -> dict[str, float]:
+    """Choice 5, after the continuations ran: ``first_new[task id]`` is the first node id they created (the tree's
+    size before them), so an anchor's continuations are its children from there on."""
+    out: dict[str, float] = {}
+    for label, keep in (("prefix", lambda c: c.node_id != 0), ("root_anchor", lambda c: c.node_id == 0)):
+        anchors = [c for c in plan.prefixes if c.continuations and keep(c)]
+        flips, expected, continuations, flipped_continuations = 0, 0.0, 0, 0
+        for c in anchors:
+            tree = trees[c.task_id]
+            outcomes = [float(leaf.reward) for k in tree[c.node_id].children if k >= first_new.get(c.task_id, 0)
+                        for leaf in tree.leaves(k)]
+            other = sum(o != c.reward for o in outcomes)
+            flips += other > 0
+            flipped_continuations += other
+            continuations += len(outcomes)
+            expected += c.utility if c.utility is not None else float("nan")
+        out.update({f"alloc/{label}_anchors": float(len(anchors)), f"alloc/{label}_flips": float(flips),
+                    f"alloc/{label}_flips_expected": expected if anchors else 0.0,
+                    f"alloc/{label}_flip_share": flips / len(anchors) if anchors else float("nan"),
+                    f"alloc/{label}_continuation_flip_share":
+                        flipped_continuations / continuations if continuations else float("nan")})
+    return out
+
+
 # --------------------------------------------------------------------------------------------- predictor
-def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree], exact: ValueFn | None = None) -> dict[str, Any]:
-    """Targets V̂ of the fresh trees; the current predictor's calibration on them (and against ``exact`` values
-    when the environment knows them: ``predictor/brier_true``), then one fit (choice 3)."""
-    prefixes, targets, weights = training_examples(trees)
+def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree], exact: ValueFn | None = None,
+                  target: str = "leaves") -> dict[str, Any]:
+    """The fresh trees' targets (``target``: `predictor.training_examples`); the current predictor's calibration
+    on them (and against ``exact`` values when the environment knows them: ``predictor/brier_true``), on the
+    roots and on the prefixes of depth >= 1 apart, then one fit (choice 2)."""
+    prefixes, targets, weights = training_examples(trees, target)
     if not prefixes:
         return {"predictor/examples": 0.0}
     pred = predictor.predict(prefixes)
@@ -157,5 +266,10 @@ def fit_predictor(predictor: Predictor, trees: Sequence[RolloutTree], exact: Val
     roots = np.array([p.depth == 0 for p in prefixes])
     out["predictor/root_brier"] = brier(pred[roots], targets[roots], weights[roots]) if roots.any() else float("nan")
     out["predictor/root_rank_corr"] = rank_correlation(pred[roots], targets[roots])
+    # Prefixes alone: what stage 2 reads (its 1 - q^k)
+    deep = ~roots
+    if deep.any():
+        bins = calibration_metrics(pred[deep], targets[deep], weights[deep])
+        out["predictor/prefix_brier"], out["predictor/prefix_ece"] = bins["predictor/brier"], bins["predictor/ece"]
     out.update(predictor.fit(prefixes, targets, weights))
     return out

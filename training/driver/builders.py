@@ -20,6 +20,7 @@ from trace_gym.limits import HostNeeds, ensure_host
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import (
+    CalibratedPredictor,
     FeaturePredictor,
     HiddenStatePredictor,
     Predictor,
@@ -94,14 +95,16 @@ def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 10
 def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., torch.Tensor], int]]) -> Predictor:
     """``predictor.kind``: the text-feature model, or a head on hidden states; ``hidden()`` gives the hidden-state
     function (`hidden_state_fn`) and its width, and is called only for that kind. ``predictor.replay`` and
-    ``predictor.prior_strength`` wrap it in the memory wrappers (`predictor.with_memory`; off by default)."""
+    ``predictor.prior_strength`` wrap it in the memory wrappers (`predictor.with_memory`; off by default), and
+    ``predictor.calibrate`` in the online recalibration (`predictor.CalibratedPredictor`)."""
     p = cfg.predictor
     if p.kind == "features":
         inner: Predictor = FeaturePredictor(lr=p.lr, steps=p.steps)
     else:
         fn, size = hidden()
         inner = HiddenStatePredictor(fn, size, lr=p.lr, steps=p.steps, seed=cfg.seed)
-    return with_memory(inner, p.replay, p.prior_strength)
+    predictor = with_memory(inner, p.replay, p.prior_strength)
+    return CalibratedPredictor(predictor) if p.calibrate else predictor
 
 
 def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Task],

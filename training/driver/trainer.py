@@ -171,7 +171,7 @@ class Trainer:
         pool = self.stream.take(cfg.alloc.pool_size)
         return take_step(self.collector, self.allocator, self.predictor, pool, self.budget, seed=cfg.seed, step=step,
                          advantage=cfg.optim.advantage, update=update, skip_zero=cfg.optim.skip_zero_advantage,
-                         timer=timer)
+                         timer=timer, predictor_target=cfg.predictor.target)
 
     def sync_weights(self) -> None:
         """Push the trained weights to every generation backend that does not share the trained model."""

@@ -23,12 +23,17 @@ Choices:
 4. Each epoch orders the nodes along their token trie (`packing.trie_order`: random among siblings, seeded by
    the step) and cuts mini-batches of ``optim.mini_batch`` nodes from that order, for rows and packs alike:
    a mini-batch then holds whole trees where it can, so packing computes each prefix once per epoch, and
-   ``optim.update`` changes how the update is computed, never what it is.
+   ``optim.update`` changes how the update is computed, never what it is. With ``optim.mini_batches = K`` the
+   order is cut into K near-equal consecutive parts instead, so every step takes K optimiser steps per epoch
+   whatever its number of trained nodes (the learning benchmark compares allocators at equal steps).
+5. ``optim.shuffle_advantages`` (a control) permutes the advantages over the trained nodes with the step's
+   generator before the first epoch; everything else about the update is unchanged.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -49,6 +54,16 @@ from trace_gym.training.update.parallel import broadcast_object, world
 from trace_gym.training.update.samples import Sample
 
 _Part = TypeVar("_Part", bound=MicroBatch)
+
+
+def mini_batches(order: Sequence[int], size: int, count: int = 0) -> list[list[int]]:
+    """``order`` cut into consecutive mini-batches: ``count`` near-equal parts when ``count > 0`` (fewer only when
+    ``order`` is shorter), else parts of ``size`` (choice 4)."""
+    order = list(order)
+    if count > 0:
+        parts = np.array_split(np.asarray(order, dtype=np.int64), min(count, len(order)))
+        return [part.tolist() for part in parts if len(part)]
+    return [order[start:start + size] for start in range(0, len(order), size)]
 
 
 class Learner:
@@ -143,13 +158,16 @@ class Learner:
         if not samples:
             return {"loss/nodes": 0.0, "loss/optimizer_steps": 0.0}
         gen = torch.Generator().manual_seed(seed)
+        if o.shuffle_advantages:  # choice 5
+            perm = torch.randperm(len(samples), generator=gen).tolist()
+            samples = [dataclasses.replace(s, advantage=samples[j].advantage) for s, j in zip(samples, perm)]
         rows = [s.context + s.action for s in samples]
         totals: dict[str, float] = {}
         tokens, forward, losses, norms = 0.0, 0.0, [], []
         for _ in range(o.epochs):
             order = trie_order(rows, gen)  # choice 4
-            for start in range(0, len(order), o.mini_batch):
-                chunk = [samples[i] for i in order[start:start + o.mini_batch]]
+            for part in mini_batches(order, o.mini_batch, o.mini_batches):
+                chunk = [samples[i] for i in part]
                 batch = self._rank_packs(chunk) if self.packed else self._rank_rows(update_batch(chunk, pad_id))
                 stats = policy_update(self.module, self.optimizer, batch, o.micro_batch, o.clip_low, o.clip_high,
                                       o.kl_coef, o.grad_clip, self.temperature,
