@@ -1,9 +1,12 @@
 """Does prefix expansion find outcomes to flip? A fixed warm-started policy, continuations from the same roots.
 
 Each step draws a candidate pool, allocates roots with trace's root stage, plays the bare rollouts once, then
-plans stage 2 twice on those same bare trees: active prefixes (trace's greedy on 1 - q^k) and uniform ones
-(each continuation to a uniformly random open prefix). Both plans run, into the same trees; each plan's
-continuations are told apart by node id, so every anchor is scored on its own plan's continuations only. An
+plans stage 2 once per allocator of ``PLANS`` on those same bare trees: trace (active prefixes, the paper's
+greedy on 1 - q^k), active_uniform (each continuation to a uniformly random open prefix), trace_root (an
+agreeing prompt's root as one more anchor) and trace_root_uniform (uniform over those same anchors), and
+trace_plus (trace_root with the refund to stage 1, whose refunded roots run too). Every plan runs, into the
+same trees; each plan's continuations are told apart by node id, so every anchor is scored on its own plan's
+continuations only. An
 anchor (a depth >= 1 prefix that received k continuations) *flipped* when at least one continuation ended
 with the other outcome than the bare rollout it lies on. Reported per task and plan: the share of anchors that
 flipped, the share of continuations that did, the flips the predictor expected (Σ 1 - q^k with the values the
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import BENCH_RUNS, fmt, machine, mean_ci, train_config, warm_model, write_json
 from learning import TASKS
 
-PLANS = ("active", "uniform")
+PLANS = ("trace", "active_uniform", "trace_root", "trace_root_uniform", "trace_plus")
 
 
 def anchor_records(trees: dict[str, Any], plan: Any, first_new: dict[str, int], tiers: dict[str, str],
@@ -59,11 +62,17 @@ def anchor_records(trees: dict[str, Any], plan: Any, first_new: dict[str, int], 
     return out
 
 
-def flip_step(trainer: Any, step: int) -> list[dict[str, Any]]:
-    """One step at the fixed policy: trace's roots, bare rollouts, both plans on the same bare trees."""
+def flip_step(trainer: Any, step: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One step at the fixed policy: trace's roots, bare rollouts, every plan on the same bare trees; returns the
+    anchors' records and the refund's (expected mixed prompts against those realised)."""
     from trace_gym.seeds import derive, generator
     from trace_gym.training.allocation.allocators import make_allocator
-    from trace_gym.training.allocation.stages import allocate_roots, fit_predictor, plan_continuations
+    from trace_gym.training.allocation.stages import (
+        allocate_roots,
+        fit_predictor,
+        plan_continuations,
+        refund_plan,
+    )
 
     cfg = trainer.cfg
     pool = trainer.stream.take(cfg.alloc.pool_size)
@@ -75,19 +84,28 @@ def flip_step(trainer: Any, step: int) -> list[dict[str, Any]]:
     collector = trainer.collector
     collector.begin_step()
     collector.bare_rollouts(roots.counts, seed=derive(cfg.seed, step, 0))
-    plans = {name: plan_continuations(make_allocator(alloc, cfg.alloc.group_size, cfg.alloc.cap), values,
-                                      collector.trees, roots, trainer.budget, rng)
-             for name, alloc in zip(PLANS, ("trace", "active_uniform"))}
+    plans, refund = {}, None
+    for name in PLANS:
+        allocator = make_allocator(name, cfg.alloc.group_size, cfg.alloc.cap)
+        plans[name] = plan_continuations(allocator, values, collector.trees, roots, trainer.budget, rng)
+        if allocator.refund:
+            plans[name], refund = refund_plan(plans[name], roots, cfg.alloc.cap)
     records = []
     for i, (name, plan) in enumerate(plans.items()):
         first_new = {tid: len(tree) for tid, tree in collector.trees.items()}
         collector.continuations(plan.counts(), seed=derive(cfg.seed, step, 1 + i))
         records += anchor_records(collector.trees, plan, first_new, tiers, name)
+    refunded = {"step": step, "rollouts": 0, "prompts": 0, "expected_mixed": 0.0, "mixed": 0, "cost": 0.0}
+    if refund is not None and refund.counts:
+        collector.bare_rollouts(refund.counts, seed=derive(cfg.seed, step, 1 + len(plans)))
+        trees = collector.trees
+        refunded.update(rollouts=sum(refund.counts.values()), prompts=len(refund.counts), expected_mixed=refund.gain,
+                        mixed=sum(trees[tid].is_mixed() for tid in refund.counts), cost=refund.cost)
     fit_predictor(trainer.predictor, list(collector.trees.values()))
-    return [{**r, "step": step} for r in records]
+    return [{**r, "step": step} for r in records], refunded
 
 
-def flip_job(job: dict[str, Any]) -> list[dict[str, Any]]:
+def flip_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from trace_gym.training.driver.trainer import Trainer
@@ -102,9 +120,10 @@ def flip_job(job: dict[str, Any]) -> list[dict[str, Any]]:
         "eval.tasks=0", "env.workers=1", "log.save_trees=none", *task["overrides"]])
     trainer = Trainer(cfg)
     try:
-        return [r for s in range(job["steps"]) for r in flip_step(trainer, s + 1)]
+        steps = [flip_step(trainer, s + 1) for s in range(job["steps"])]
     finally:
         trainer.close()
+    return {"records": [r for rows, _ in steps for r in rows], "refunds": [refund for _, refund in steps]}
 
 
 def flip_share(rows: list[dict[str, Any]]) -> float:
@@ -134,7 +153,9 @@ def summarise(records: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
     """Per plan: shares over seeds (mean ± 95% t), and pooled rows by depth, tier and step."""
     out: dict[str, Any] = {}
     for plan in PLANS:
-        rows = [r for r in records if r["plan"] == plan]
+        every = [r for r in records if r["plan"] == plan]
+        rows = [r for r in every if r["depth"] >= 1]  # the prefix anchors; roots (trace_root's) apart
+        roots = [r for r in every if r["depth"] == 0]
         per_seed = [[r for r in rows if r["seed"] == s] for s in range(seeds)]
         half = max((r["step"] for r in rows), default=0) // 2
         out[plan] = {"anchor_share": mean_ci([flip_share(rs) for rs in per_seed]),
@@ -144,7 +165,9 @@ def summarise(records: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
                      "anchors_per_step": mean_ci([len(rs) / max(1, len({r["step"] for r in rs})) for rs in per_seed]),
                      "flipped": int(sum(r["flipped"] for r in rows)),
                      "expected": float(np.nansum([r["expected"] for r in rows])), "anchors": len(rows),
-                     "continuations": int(sum(r["k"] for r in rows)), "by_depth": grouped(rows, "depth"),
+                     "continuations": int(sum(r["k"] for r in rows)), "by_depth": grouped(every, "depth"),
+                     "root_anchors": len(roots), "root_anchor_share": flip_share(roots),
+                     "root_anchor_expected": float(np.nansum([r["expected"] for r in roots])),
                      "by_tier": grouped(rows, "tier"), "by_step": grouped(rows, "step")}
     return out
 
@@ -152,9 +175,16 @@ def summarise(records: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
 def print_summary(task: str, s: dict[str, Any]) -> None:
     print(f"\n{task}: depth >= 1 anchors that flipped (share of anchors; of continuations), expected vs realised")
     for plan, g in s.items():
+        if plan == "refund":
+            print(f"  trace_plus refund: {g['rollouts']:.0f} root rollouts on {g['prompts']:.0f} prompts, mixed "
+                  f"{g['mixed']:.0f} (expected {g['expected_mixed']:.1f}; the continuations given up expected "
+                  f"{g['cost']:.1f} flips)")
+            continue
         print(f"  {plan:8s} anchors {fmt(g['anchor_share'])} (second half {fmt(g['anchor_share_second_half'])}), "
               f"continuations {fmt(g['continuation_share'])}; {g['flipped']} of {g['anchors']} anchors "
-              f"({g['continuations']} continuations) flipped, predictor expected {g['expected']:.0f}")
+              f"({g['continuations']} continuations) flipped, predictor expected {g['expected']:.0f}; "
+              f"root anchors {g['root_anchors']} (flip share {g['root_anchor_share']:.2f}, "
+              f"expected {g['root_anchor_expected']:.0f})")
         for key in ("by_depth", "by_tier"):
             print("    " + key[3:] + ": " + ", ".join(f"{k}: {v['flipped']}/{v['anchors']} (exp {v['expected']:.0f})"
                                                       for k, v in g[key].items()))
@@ -162,7 +192,7 @@ def print_summary(task: str, s: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="chain only, 1 seed, 2 steps of 64 trajectories")
+    parser.add_argument("--quick", action="store_true", help="chain only, 1 seed, 2 steps of 32 roots")
     parser.add_argument("--tasks-set", nargs="*", default=None, choices=sorted(TASKS), dest="task_names")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -184,8 +214,11 @@ def main() -> None:
                  "model": model, "threads": max(1, 2 // args.workers)} for s in range(seeds)]
         with ProcessPoolExecutor(args.workers) as ex:
             done = list(ex.map(flip_job, jobs))
-        records = [{**r, "seed": job["seed"]} for job, rows in zip(jobs, done) for r in rows]
+        records = [{**r, "seed": job["seed"]} for job, out in zip(jobs, done) for r in out["records"]]
         result[name] = summarise(records, seeds)
+        refunds = [r for out in done for r in out["refunds"]]
+        result[name]["refund"] = {k: float(np.sum([r[k] for r in refunds]))
+                                  for k in ("rollouts", "prompts", "expected_mixed", "mixed", "cost")}
         print_summary(name, result[name])
     payload = {"machine": machine(), "seconds": time.perf_counter() - start, "flips": result}
     path = write_json("flips_quick" if args.quick else "flips", payload)

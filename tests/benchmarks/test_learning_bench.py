@@ -1,60 +1,66 @@
-"""The learning benchmark's bookkeeping: the eval curve against budget spent, and seeds aggregated into
-intervals (the training runs themselves are `make bench-ci`'s, which CI runs)."""
+"""The learning benchmark's bookkeeping on rows the trainer really writes: two rows and one seed of real (tiny,
+untrained) runs on the chain task, then the tables and the headline built from them."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import aggregate, curve, mixed_ratio, versus
+from learning import gain_at_tokens, gain_curve, headline, paired_t, tabulate, train_run
 
 
-def run(seed: int, gain: float, ratio: float, prompts: float = 40.0) -> dict:
-    """A run as `train_run` returns it: the trainer's summary and its metrics rows (eval at steps 0 and 2)."""
-    step = {"rollout/trajectories": 256.0, "rollout/tokens": 1000.0 + seed, "rollout/prompts": prompts,
-            "alloc/effective_ratio": ratio, "alloc/pairs_per_1k_tokens": 10.0 * ratio}
-    rows = [{"step": 0, "eval/success": 0.5, "eval/expert_prob": 0.4},
-            {"step": 1, **step},
-            {"step": 2, **step, "eval/success": 0.5 + gain, "eval/expert_prob": 0.4 + gain / 2}]
-    summary = {"success_before": 0.5, "success_after": 0.5 + gain, "trajectories": 512, "generated_tokens": 2000,
-               "wall_s": 10.0, "gain": {"success": {"mean": gain, "lo": gain - 0.1, "hi": gain + 0.1, "tasks": 8},
-                                        "expert": {"mean": gain / 2, "lo": 0.0, "hi": gain, "tasks": 8}}}
-    return {"seed": seed, "summary": summary, "rows": rows}
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The seed's evaluation before training, then grpo and trace_plus for two steps of 16 trajectories."""
+    from trace_gym.agents.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("learn")
+    model = build_tiny_model(root / "nano", size="nano", seed=0)
+    base = {"task": "chain", "model": str(model), "steps": 2, "eval_at": [1, 2], "eval_tasks": 4, "eval_samples": 1,
+            "pool": 16, "tasks": 32, "roots": 8, "multiplier": 1, "mini_batches": 2, "threads": 1,
+            "seed": 0, "run_root": str(root), "env_kwargs": {"max_turns": 3},
+            "overrides": ["rollout.max_new_tokens=16"]}  # the untrained model's turns: short and few
+    before = train_run({**base, "row": None})
+    return before, [train_run({**base, "row": row}) for row in ("grpo", "trace_plus")]
 
 
-def test_curve_counts_the_budget_spent_before_each_evaluation() -> None:
-    points = curve(run(0, 0.1, 0.5))
-    assert [p["trajectories"] for p in points] == [0.0, 512.0]
-    assert [p["tokens"] for p in points] == [0.0, 2000.0]
-    assert points[1]["success"] == pytest.approx(0.6) and points[1]["expert"] == pytest.approx(0.45)
+def test_each_run_logs_its_steps_its_evaluations_and_equal_optimiser_steps(runs) -> None:
+    before, trained = runs
+    assert set(before["evals"]) == {0} and len(before["evals"][0]["success"]) == 4
+    for run in trained:
+        assert [r["step"] for r in run["rows"]] == [1, 2] and set(run["evals"]) == {1, 2}
+        assert all(r["rollout/trajectories"] == 16 for r in run["rows"])
+        assert all(r["loss/optimizer_steps"] in (0.0, 2.0) for r in run["rows"])  # 0: no node with an advantage
+    plus = trained[1]["rows"]
+    assert all("alloc/prefix_flips" in r and "alloc/refund" in r and "predictor/calibration_prefix_a" in r
+               for r in plus)
 
 
-def test_aggregate_takes_means_and_intervals_over_seeds() -> None:
-    out = aggregate([run(0, 0.1, 0.5), run(1, 0.3, 0.25)])
-    assert out["seeds"] == 2
-    assert out["gain_success"]["mean"] == pytest.approx(0.2) and out["gain_success"]["n"] == 2
-    assert out["gain_success"]["ci95"] > 0  # two different gains: a t-interval with 1 degree of freedom
-    assert out["gain_expert"]["mean"] == pytest.approx(0.1)
-    assert out["effective_ratio"]["mean"] == pytest.approx(0.375)
-    assert out["mixed_per_step"]["mean"] == pytest.approx(0.375 * 40)  # ratio x prompts, per step
-    assert out["pairs_per_1k_tokens"]["mean"] == pytest.approx(3.75)
-    assert [p["trajectories"]["mean"] for p in out["curve"]] == [0.0, 512.0]
-    assert [g["success"]["tasks"] for g in out["gain_per_seed"]] == [8, 8]
+def test_tables_and_headline_from_real_rows(runs) -> None:
+    before, trained = runs
+    befores = {0: before["evals"][0]}
+    table = tabulate(trained, befores, ("grpo", "trace_plus"), mini_batches=2)
+    rows = table["rows"]
+    curve = gain_curve(trained[1], befores[0], "success")
+    assert [p["step"] for p in curve] == [0, 1, 2] and curve[-1]["trajectories"] == 32
+    expected = float(np.mean(np.subtract(trained[1]["evals"][2]["success"], befores[0]["success"])))
+    assert rows["trace_plus"]["gain"]["success"]["mean"] == pytest.approx(expected)
+    vs = rows["trace_plus"]["vs_grpo"]["success"]["mean"]
+    assert vs == pytest.approx(expected - rows["grpo"]["gain"]["success"]["mean"])
+    assert table["token_budget"][0] == min(rows[r]["tokens"]["mean"] for r in rows)
+    head = headline(table, seeds=1)
+    assert head["best_variant"] == "trace_plus" and head["seeds"] == 1
+    assert head["trace_minus_grpo"]["mean"] == pytest.approx(vs)
+    assert 0.0 <= head["prefix_flip_rate"] <= 1.0 or np.isnan(head["prefix_flip_rate"])
 
 
-def test_versus_subtracts_the_baseline_seed_by_seed() -> None:
-    ours = [{**run(0, 0.3, 0.5), "seed": 0}, {**run(1, 0.1, 0.5), "seed": 1}]
-    base = [{**run(1, 0.05, 0.5), "seed": 1}, {**run(0, 0.2, 0.5), "seed": 0}]  # order must not matter
-    out = versus(ours, base)
-    assert out["success"]["mean"] == pytest.approx(((0.3 - 0.2) + (0.1 - 0.05)) / 2)
-    assert out["expert"]["mean"] == pytest.approx(((0.15 - 0.1) + (0.05 - 0.025)) / 2) and out["expert"]["n"] == 2
-
-
-def test_mixed_ratio_divides_mixed_prompts_per_step_seed_by_seed() -> None:
-    ours = [run(0, 0.0, 0.5, prompts=60.0), run(1, 0.0, 0.5, prompts=40.0)]
-    base = [run(1, 0.0, 0.25, prompts=40.0), run(0, 0.0, 0.25, prompts=40.0)]
-    out = mixed_ratio(ours, base)
-    assert out["mean"] == pytest.approx((30 / 10 + 20 / 10) / 2) and out["n"] == 2
+def test_interpolation_in_tokens_and_intervals_over_seeds() -> None:
+    curve = [{"tokens": 0.0, "gain": 0.0}, {"tokens": 100.0, "gain": 0.1}, {"tokens": 300.0, "gain": 0.3}]
+    assert gain_at_tokens(curve, 200.0) == pytest.approx(0.2) and gain_at_tokens(curve, 900.0) == pytest.approx(0.3)
+    t = paired_t([0.1, 0.3])
+    assert t["mean"] == pytest.approx(0.2) and t["lo"] < 0.2 < t["hi"] and t["n"] == 2
+    assert t["hi"] - t["mean"] == pytest.approx(12.706 * np.std([0.1, 0.3], ddof=1) / np.sqrt(2))
