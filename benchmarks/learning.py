@@ -17,11 +17,13 @@ groups of the paper's regime. Training prompts (``--tasks``) come back every few
 
 Held-out: ``--eval-tasks`` prompts of another task seed from the learnable tiers only, ``--eval-samples``
 sampled episodes each (T = 1) before training (once per seed: every row of a seed starts from the same
-weights and draws the same evaluation seeds) and at each step of ``--eval-at``, plus the teacher-forced
-probability of the expert's trajectory. A row's gain is paired per prompt; rows are compared seed by seed
-(same seed: same training prompts, same held-out draws) and the mean difference gets a 95% t-interval over
-seeds. "Equal tokens" compares the rows at the generated-token count the most frugal row of each seed reached,
-each run's gain interpolated linearly between its evaluations.
+weights and draws the same evaluation seeds) and at each step of ``--eval-at`` (the last, by default: 800
+episodes cost minutes), with the teacher-forced probability of the expert's trajectory, which is also taken
+alone every ``--expert-every`` steps (seconds). A row's gain is paired per prompt; rows are compared seed by
+seed (same seed: same training prompts, same held-out draws) and the mean difference gets a 95% t-interval
+over seeds. "Equal tokens" compares the rows at the generated-token count the most frugal row of each seed
+reached, each run's gain interpolated linearly between its evaluations: a real curve for the expert
+probability, a straight line from the start for sampled success when it is evaluated at the end only.
 
 Writes benchmarks/results/learning[_quick].json (with the ``headline`` object) and .png (the full run also
 docs/img/learning.png); prints the tables.
@@ -118,6 +120,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from trace_gym.training.driver.trainer import Trainer
+    from trace_gym.training.rollout.evaluate import expert_logprob, expert_sequences
 
     torch.set_num_threads(job["threads"])
     name = f"{job['row']}-{job['seed']}" if job["row"] else f"before-{job['seed']}"
@@ -131,11 +134,17 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
             trainer.evaluate()
             evals[0] = dict(trainer.history.eval_last or {})
         else:
+            seqs = None
             for step in range(1, job["steps"] + 1):
                 metrics = trainer.step()
                 if step in job["eval_at"]:
                     metrics.update(trainer.evaluate())
                     evals[step] = dict(trainer.history.eval_last or {})
+                elif job.get("expert_every") and step % job["expert_every"] == 0:  # the cheap measure alone
+                    seqs = seqs or expert_sequences(trainer.make_eval_env, trainer.eval_tasks, trainer.tokenizer)
+                    probs = np.exp(expert_logprob(trainer.learner.model, seqs, trainer.tokenizer.pad_token_id))
+                    evals[step] = {"expert": probs.tolist()}
+                    metrics["eval/expert_prob"] = float(probs.mean())
                 trainer.logger.log(step, metrics)
                 rows.append({"step": step, **{k: v for k, v in metrics.items() if not isinstance(v, list | dict)}})
     finally:
@@ -216,8 +225,8 @@ def tabulate(runs: list[dict[str, Any]], befores: dict[int, dict[str, list[float
         steps = [v for x in xs for v in per_step(x, "loss/optimizer_steps")]
         g: dict[str, Any] = {
             "seeds": len(xs), "gain": {m: paired_t(final[m]) for m in MEASURES},
-            "gain_at_tokens": paired_t([gain_at_tokens(curves[r][x["seed"]]["success"], budget[x["seed"]])
-                                        for x in xs]),
+            "gain_at_tokens": {m: paired_t([gain_at_tokens(curves[r][x["seed"]][m], budget[x["seed"]])
+                                            for x in xs]) for m in MEASURES},
             "success_before": mean_ci([float(np.mean(befores[x["seed"]]["success"])) for x in xs]),
             "effective_ratio": mean_ci([float(np.nanmean(per_step(x, "alloc/effective_ratio"))) for x in xs]),
             "mixed_per_step": mean_ci([float(np.nanmean(np.multiply(per_step(x, "alloc/effective_ratio"),
@@ -230,18 +239,19 @@ def tabulate(runs: list[dict[str, Any]], befores: dict[int, dict[str, list[float
                                 "mean": float(np.mean(steps)) if steps else float("nan")},
             "prefix_ece": mean_ci([float(np.nanmean(per_step(x, "predictor/prefix_ece"))) for x in xs]),
             "wall_s": mean_ci([x["wall_s"] for x in xs]), "flips": flip_totals(xs),
-            "curve": [{k: mean_ci([curves[r][x["seed"]]["success"][i][k] for x in xs]) for k in
-                       ("trajectories", "tokens", "gain")} for i in range(min(len(curves[r][x["seed"]]["success"])
-                                                                               for x in xs))] if xs else []}
+            "curve": {m: [{k: mean_ci([curves[r][x["seed"]][m][i][k] for x in xs]) for k in
+                           ("trajectories", "tokens", "gain")}
+                          for i in range(min(len(curves[r][x["seed"]][m]) for x in xs))] if xs else []
+                      for m in MEASURES}}
         for base in ("pcl", "grpo"):
             if base in by_row and base != r:
                 g[f"vs_{base}"] = {m: paired_t([final[m][i] - curves[base][x["seed"]][m][-1]["gain"]
                                                 for i, x in enumerate(xs) if x["seed"] in curves[base]])
                                    for m in MEASURES}
-                g[f"vs_{base}_at_tokens"] = paired_t([
-                    gain_at_tokens(curves[r][x["seed"]]["success"], budget[x["seed"]]) -
-                    gain_at_tokens(curves[base][x["seed"]]["success"], budget[x["seed"]])
-                    for x in xs if x["seed"] in curves[base]])
+                g[f"vs_{base}_at_tokens"] = {m: paired_t([
+                    gain_at_tokens(curves[r][x["seed"]][m], budget[x["seed"]]) -
+                    gain_at_tokens(curves[base][x["seed"]][m], budget[x["seed"]])
+                    for x in xs if x["seed"] in curves[base]]) for m in MEASURES}
         out[r] = g
     for a, b in (("trace_root", "trace_root_uniform"), (BEST, "shuffled")):
         if a in by_row and b in by_row:
@@ -283,13 +293,14 @@ def interval(v: dict[str, float] | None) -> str:
 
 def print_tables(table: dict[str, Any]) -> None:
     rows = table["rows"]
-    cols = ("gain success", "gain expert", "vs pcl", "vs grpo", "vs pcl @tokens", "mixed/step", "tokens",
+    cols = ("gain success", "gain expert", "vs pcl", "vs grpo", "vs pcl @tokens (exp)", "mixed/step", "tokens",
             "opt steps", "flip share")
     print(f"\n{'':20s}" + "".join(f"{c:>22s}" for c in cols))
     for name, g in rows.items():
         vals = [interval(g["gain"]["success"]), interval(g["gain"]["expert"]),
                 interval(g.get("vs_pcl", {}).get("success")), interval(g.get("vs_grpo", {}).get("success")),
-                interval(g.get("vs_pcl_at_tokens")), fmt(g["mixed_per_step"], 1), fmt(g["tokens"], 0),
+                interval(g.get("vs_pcl_at_tokens", {}).get("expert")), fmt(g["mixed_per_step"], 1),
+                fmt(g["tokens"], 0),
                 f"{g['optimizer_steps']['min']:.0f}-{g['optimizer_steps']['max']:.0f}",
                 f"{g['flips']['share']:.3f}" if np.isfinite(g["flips"]["share"]) else "-"]
         print(f"{name:20s}" + "".join(f"{v:>22s}" for v in vals))
@@ -308,15 +319,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     st = result["settings"]
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
     for name, g in rows.items():
-        for ax, key in ((axes[0], "trajectories"), (axes[1], "tokens")):
-            x = np.array([p[key]["mean"] for p in g["curve"]])
-            m = np.array([p["gain"]["mean"] for p in g["curve"]])
-            ci = np.nan_to_num(np.array([p["gain"]["ci95"] for p in g["curve"]], float))
+        for ax, key, measure in ((axes[0], "trajectories", "success"), (axes[1], "tokens", "expert")):
+            curve = g["curve"][measure]
+            x = np.array([p[key]["mean"] for p in curve])
+            m = np.array([p["gain"]["mean"] for p in curve])
+            ci = np.nan_to_num(np.array([p["gain"]["ci95"] for p in curve], float))
             ax.plot(x, m, marker="o", label=name, ls="--" if name == "shuffled" else "-")
             ax.fill_between(x, m - ci, m + ci, alpha=0.1)
-    for ax, key in ((axes[0], "trajectories spent"), (axes[1], "generated tokens")):
+    for ax, key, label in ((axes[0], "trajectories spent", f"sampled success ({st['eval_samples']}/prompt)"),
+                           (axes[1], "generated tokens", "expert-trajectory probability")):
         ax.set_xlabel(key)
-        ax.set_ylabel(f"held-out gain, sampled success ({st['eval_samples']}/prompt)")
+        ax.set_ylabel(f"held-out gain, {label}")
         ax.set_title(f"{st['task']} tiers, tiny model, {st['seeds']} seeds (95% CI over seeds)", fontsize=9)
         ax.legend(fontsize=7)
     names = [n for n in rows if "vs_pcl" in rows[n]]
@@ -366,13 +379,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--roots", type=int, default=64, help="M root rollouts per step")
     parser.add_argument("--multiplier", type=int, default=1, help="N continuations per root rollout")
-    parser.add_argument("--mini-batches", type=int, default=4, help="optimiser steps per RL step, every row")
+    parser.add_argument("--mini-batches", type=int, default=8, help="optimiser steps per RL step, every row")
     parser.add_argument("--tasks", type=int, default=256, help="training prompts (revisited every few steps)")
     parser.add_argument("--pool", type=int, default=64, help="candidate prompts per step")
     parser.add_argument("--eval-tasks", type=int, default=200)
     parser.add_argument("--eval-samples", type=int, default=4)
-    parser.add_argument("--eval-at", type=int, nargs="*", default=None, help="steps with a held-out evaluation "
-                        "(default: the middle and the last)")
+    parser.add_argument("--eval-at", type=int, nargs="*", default=None, help="steps with a sampled held-out "
+                        "evaluation (default: the last)")
+    parser.add_argument("--expert-every", type=int, default=2, help="the expert probability alone every this many "
+                        "steps (seconds each: the curve for comparisons at equal tokens)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--replot", action="store_true", help="tables and plot again from the last results JSON")
     args = parser.parse_args()
@@ -384,14 +399,15 @@ def main() -> None:
     if quick:
         args.seeds, args.steps, args.roots, args.eval_tasks, args.eval_samples = 1, 2, 16, 16, 1
     rows = tuple(args.rows or (("grpo", BEST) if quick else DEFAULT_ROWS))
-    eval_at = sorted(set(args.eval_at or {max(1, args.steps // 2), args.steps}))
+    eval_at = sorted(set(args.eval_at or {args.steps}))
     task = TASKS[args.task]
     start = time.perf_counter()
     model = warm_model(task["env"], task["name"] + ("-quick" if quick else ""),
                        [*task["warm_overrides"], *(QUICK_WARM if quick else [])])
     base = {"task": args.task, "model": model, "steps": args.steps, "eval_at": eval_at, "eval_tasks": args.eval_tasks,
             "eval_samples": args.eval_samples, "pool": args.pool, "tasks": args.tasks, "roots": args.roots,
-            "multiplier": args.multiplier, "mini_batches": args.mini_batches, "threads": max(1, 2 // args.workers)}
+            "multiplier": args.multiplier, "mini_batches": args.mini_batches, "expert_every": args.expert_every,
+            "threads": max(1, 2 // args.workers)}
     jobs = [{**base, "row": None, "seed": s} for s in range(args.seeds)]
     jobs += [{**base, "row": r, "seed": s} for s in range(args.seeds) for r in rows]
     os.environ.setdefault("OMP_NUM_THREADS", str(base["threads"]))
