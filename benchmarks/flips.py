@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import BENCH_RUNS, fmt, machine, mean_ci, train_config, warm_model, write_json
-from learning import QUICK_WARM, TASKS
+from learning import CALIBRATED, QUICK_WARM, TASKS
 
 PLANS = ("trace", "active_uniform", "trace_root", "trace_root_uniform", "trace_plus")
 
@@ -101,7 +101,7 @@ def flip_step(trainer: Any, step: int) -> tuple[list[dict[str, Any]], dict[str, 
         trees = collector.trees
         refunded.update(rollouts=sum(refund.counts.values()), prompts=len(refund.counts), expected_mixed=refund.gain,
                         mixed=sum(trees[tid].is_mixed() for tid in refund.counts), cost=refund.cost)
-    fit_predictor(trainer.predictor, list(collector.trees.values()))
+    fit_predictor(trainer.predictor, list(collector.trees.values()), target=cfg.predictor.target)
     return [{**r, "step": step} for r in records], refunded
 
 
@@ -117,7 +117,8 @@ def flip_job(job: dict[str, Any]) -> dict[str, Any]:
     cfg = train_config(task["env"], run_dir, [
         f"model.path={job['model']}", "sft.enabled=false", f"seed={job['seed']}", f"env.kwargs={json.dumps(kwargs)}",
         f"alloc.roots={job['roots']}", f"alloc.multiplier={job['multiplier']}", f"alloc.pool_size={job['pool']}",
-        "eval.tasks=0", "env.workers=1", "log.save_trees=none", *task["overrides"]])
+        "eval.tasks=0", "env.workers=1", "log.save_trees=none", *task["overrides"],
+        *(CALIBRATED if job["calibrated"] else [])])
     trainer = Trainer(cfg)
     try:
         steps = [flip_step(trainer, s + 1) for s in range(job["steps"])]
@@ -198,6 +199,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--roots", type=int, default=64, help="M root rollouts per step (N = 1 continuation each)")
+    parser.add_argument("--calibrated", action="store_true",
+                        help="the TRACE variants' predictor (learning.CALIBRATED) instead of the default")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     from concurrent.futures import ProcessPoolExecutor
@@ -208,12 +211,13 @@ def main() -> None:
     names = args.task_names or (["chain"] if args.quick else sorted(TASKS))
     start = time.perf_counter()
     result: dict[str, Any] = {"settings": {"seeds": seeds, "steps": steps, "roots": roots, "multiplier": 1,
-                                           "pool": 64, "tasks": 256}}
+                                           "pool": 64, "tasks": 256, "calibrated": args.calibrated}}
     for name in names:
         model = warm_model(TASKS[name]["env"], TASKS[name]["name"] + ("-quick" if args.quick else ""),
                            [*TASKS[name]["warm_overrides"], *(QUICK_WARM if args.quick else [])])
         jobs = [{"task": name, "seed": s, "steps": steps, "roots": roots, "multiplier": 1, "pool": 64, "tasks": 256,
-                 "model": model, "threads": max(1, 2 // args.workers)} for s in range(seeds)]
+                 "model": model, "threads": max(1, 2 // args.workers), "calibrated": args.calibrated}
+                for s in range(seeds)]
         with ProcessPoolExecutor(args.workers) as ex:
             done = list(ex.map(flip_job, jobs))
         records = [{**r, "seed": job["seed"]} for job, out in zip(jobs, done) for r in out["records"]]
@@ -223,7 +227,8 @@ def main() -> None:
                                   for k in ("rollouts", "prompts", "expected_mixed", "mixed", "cost")}
         print_summary(name, result[name])
     payload = {"machine": machine(), "seconds": time.perf_counter() - start, "flips": result}
-    path = write_json("flips_quick" if args.quick else "flips", payload)
+    path = write_json(("flips_quick" if args.quick else "flips") + ("_calibrated" if args.calibrated else ""),
+                      payload)
     print(f"\nwrote {path} ({payload['seconds']:.0f} s)")
 
 

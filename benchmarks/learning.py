@@ -332,7 +332,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(f"held-out gain, {label}")
         ax.set_title(f"{st['task']} tiers, tiny model, {st['seeds']} seeds (95% CI over seeds)", fontsize=9)
         ax.legend(fontsize=7)
-    names = [n for n in rows if "vs_pcl" in rows[n]]
+    names = [n for n in rows if "vs_pcl" in rows[n] or "vs_grpo" in rows[n]]
     for k, (base, color) in enumerate((("pcl", "tab:orange"), ("grpo", "tab:blue"))):
         means = [rows[n][f"vs_{base}"]["success"]["mean"] if f"vs_{base}" in rows[n] else np.nan for n in names]
         err = [[m - rows[n][f"vs_{base}"]["success"]["lo"] if f"vs_{base}" in rows[n] else 0 for n, m in
