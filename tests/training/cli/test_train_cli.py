@@ -116,5 +116,6 @@ def test_a_redirected_train_prints_progress_lines_during_sft_and_training(tmp_pa
     train = [line for line in lines if line.startswith("train ")]
     assert [line.split(" | ")[0] for line in sft] == [f"sft {i}/4 {25 * i}%" for i in range(1, 5)]
     assert [line.split(" | ")[0] for line in train] == ["train 1/3 33%", "train 2/3 67%", "train 3/3 100%"]
-    assert "eta " in sft[0] and "loss " in sft[0] and "step/s" in train[0] and "elapsed" in train[-1]
+    assert "eta " in sft[0] and "loss " in sft[0] and "elapsed" in train[-1]
+    assert "step/s" in train[0] or "s/step" in train[0]  # the rate's unit follows the speed (slow when loaded)
     assert "\x1b[" not in text  # no terminal codes in a log
