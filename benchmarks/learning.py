@@ -178,8 +178,13 @@ def gain_at_tokens(curve: list[dict[str, float]], tokens: float) -> float:
     return float(np.interp(tokens, [p["tokens"] for p in curve], [p["gain"] for p in curve]))
 
 
+def _num(value: Any) -> float:
+    """A metric as a float; missing (None once a NaN has been through the results JSON) is NaN."""
+    return float("nan") if value is None else float(value)
+
+
 def per_step(run: dict[str, Any], key: str) -> list[float]:
-    return [float(r.get(key, float("nan"))) for r in run["rows"]]
+    return [_num(r.get(key)) for r in run["rows"]]
 
 
 def flip_totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,12 +197,12 @@ def flip_totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
     by_step = []
     for i in range(steps):
         rows = [r["rows"][i] for r in runs if i < len(r["rows"])]
-        anchors = sum(x.get("alloc/prefix_anchors", 0.0) for x in rows)
-        flips = sum(x.get("alloc/prefix_flips", 0.0) for x in rows)
+        anchors = float(np.nansum([_num(x.get("alloc/prefix_anchors")) for x in rows]))
+        flips = float(np.nansum([_num(x.get("alloc/prefix_flips")) for x in rows]))
         by_step.append({"step": i + 1, "anchors": anchors, "flips": flips,
-                        "expected": float(np.nansum([x.get("alloc/prefix_flips_expected", np.nan) for x in rows])),
+                        "expected": float(np.nansum([_num(x.get("alloc/prefix_flips_expected")) for x in rows])),
                         "share": flips / anchors if anchors else float("nan"),
-                        "prefix_ece": float(np.nanmean([x.get("predictor/prefix_ece", np.nan) for x in rows]))})
+                        "prefix_ece": float(np.nanmean([_num(x.get("predictor/prefix_ece")) for x in rows]))})
     anchors, flips = total("alloc/prefix_anchors"), total("alloc/prefix_flips")
     roots = total("alloc/root_anchor_anchors")
     return {"anchors": anchors, "flips": flips, "expected": total("alloc/prefix_flips_expected"),
@@ -295,7 +300,7 @@ def print_tables(table: dict[str, Any]) -> None:
     rows = table["rows"]
     cols = ("gain success", "gain expert", "vs pcl", "vs grpo", "vs pcl @tokens (exp)", "mixed/step", "tokens",
             "opt steps", "flip share")
-    print(f"\n{'':20s}" + "".join(f"{c:>22s}" for c in cols))
+    print(f"\n{'':20s}" + "".join(f"{c:>24s}" for c in cols))
     for name, g in rows.items():
         vals = [interval(g["gain"]["success"]), interval(g["gain"]["expert"]),
                 interval(g.get("vs_pcl", {}).get("success")), interval(g.get("vs_grpo", {}).get("success")),
@@ -303,7 +308,7 @@ def print_tables(table: dict[str, Any]) -> None:
                 fmt(g["tokens"], 0),
                 f"{g['optimizer_steps']['min']:.0f}-{g['optimizer_steps']['max']:.0f}",
                 f"{g['flips']['share']:.3f}" if np.isfinite(g["flips"]["share"]) else "-"]
-        print(f"{name:20s}" + "".join(f"{v:>22s}" for v in vals))
+        print(f"{name:20s}" + "".join(f"{v:>24s}" for v in vals))
     print(f"\nequal optimiser steps: {table['equal_optimizer_steps']}")
     for name in VARIANTS:
         if name in rows:
