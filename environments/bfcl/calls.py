@@ -72,9 +72,10 @@ def decode(text: str) -> Decoded:
     if len(text) > MAX_ACTION_CHARS:
         return Decoded((BadCall(text[:200], f"action longer than {MAX_ACTION_CHARS} characters"),), "hermes")
     text = _THINK.sub("", text, count=1)
-    if "<tool_call>" in text:
-        return Decoded(tuple(_decode_hermes(m.group(1)) for m in _TOOL_CALL.finditer(text)), "hermes")
     items = _decode_python(text)
+    if "<tool_call>" in text and not (items and all(isinstance(i, Call) for i in items)):
+        # a list of well-formed python calls may hold the tag inside a string argument: it stays python
+        return Decoded(tuple(_decode_hermes(m.group(1)) for m in _TOOL_CALL.finditer(text)), "hermes")
     return Decoded(items, "python") if items else Decoded((), "none")
 
 

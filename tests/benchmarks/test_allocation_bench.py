@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trace_gym.training.config import ALLOCATORS
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "allocation.py"
 pytestmark = pytest.mark.slow  # ~12 s of CPU, more on a shared machine
 
-ALLOCATORS = ("trace", "grpo", "pcl", "treepo", "uniform_uniform", "uniform_active", "active_uniform",
-              "active_active", "oracle", "trace_adaptive")
 STATS = ("effective_ratio", "effective_ratio_sample", "mixed_prompts", "pairs_per_trajectory",
          "pairs_per_1k_tokens", "tokens", "trajectories", "brier_true")
 

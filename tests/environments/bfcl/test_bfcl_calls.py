@@ -87,6 +87,13 @@ def test_python_call_string_round_trips(calls):
     assert decoded.items == tuple(originals)
 
 
+def test_a_python_call_whose_string_holds_the_hermes_tag_stays_a_python_call():
+    # found by the round-trip property: '<tool_call>' inside an argument once sent the turn to the hermes decoder
+    decoded = decode("[f(a='<tool_call>')]")
+    assert decoded.format == "python" and decoded.items == (Call("f", {"a": "<tool_call>"}),)
+    assert decode('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>').format == "hermes"
+
+
 @pytest.mark.parametrize("text", [
     '<tool_call>{"name": "ls", "arguments": {"a": ' + "[" * 500 + "]" * 500 + "}}</tool_call>",
     "[ls(a=" + "[" * 90 + "]" * 90 + ")]",
