@@ -1,8 +1,8 @@
 """One training step, whole: the module every caller of a step goes through (the trainer, the simulation, the
 benchmarks).
 
-allocate roots -> bare rollouts -> plan and run continuations -> metrics -> the allocator observes -> calibrate
-and fit the predictor -> advantages and samples -> annotate the trees (once) -> the policy update. With a fixed
+allocate roots -> bare rollouts -> plan and run continuations -> advantages and samples -> metrics -> the
+allocator observes -> calibrate and fit the predictor -> annotate the trees (once) -> the policy update. With a fixed
 policy (the simulation, the allocation benchmark) the caller passes no update and the step ends at the
 annotations.
 
@@ -156,15 +156,15 @@ def take_step(collector: Collector, allocator: Allocator, predictor: Predictor, 
             stats += collector.bare_rollouts(refund.counts, seed=derive(seed, step, 4))
             roots = RootAllocation(roots.task_ids, roots.values, {**roots.counts, **refund.counts})
     trees = collector.trees
+    samples = build_samples(trees, advantage, skip_zero)
     metrics: dict[str, Any] = {**roots.metrics(), **plan.metrics(), **refund.metrics(), **stats.metrics("rollout/"),
                                "alloc/budget": float(stats.trajectories)}
-    metrics.update(tree_metrics(list(trees.values()), advantage))
+    metrics.update(tree_metrics(list(trees.values()), [samples.advantages[tid] for tid in trees]))
     metrics.update(flip_metrics(trees, plan, first_new))
     # Before the fit (choice 3): an allocator that learns from outcomes sees this step's trees by pool index.
     metrics.update(allocator.observe({i: trees[t.id] for i, t in enumerate(pool) if t.id in trees}))
     with timer("predictor"):
         metrics.update(fit_predictor(predictor, list(trees.values()), exact, predictor_target))
-    samples = build_samples(trees, advantage, skip_zero)
     annotate(trees, roots, plan, samples)
     if update is not None:
         with timer("update"):

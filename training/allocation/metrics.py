@@ -10,13 +10,11 @@ Deviations and choices where the paper is silent:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from trace_gym.training.config import AdvantageMethod
-from trace_gym.training.update.advantages import node_advantages
 from trace_gym.tree_stats import bottom_up_values, contrastive_pairs, is_mixed, tree_arrays
 
 
@@ -85,14 +83,16 @@ def _action_tokens(node: Any) -> int:
     return int(node.info.get("tokens", 0)) if isinstance(node.info, dict) else 0
 
 
-def tree_metrics(trees: Sequence[Any], method: AdvantageMethod = "tree_grpo") -> dict[str, float]:
+def tree_metrics(trees: Sequence[Any], advantages: Sequence[Mapping[int, float]]) -> dict[str, float]:
     """Namespaced metrics of one step's trees (``RolloutTree``s): effective ratios, pairs, success, sizes.
+    ``advantages`` holds, per tree, the advantage of each trained node by node id (the update's, computed once
+    by the step); a node without one is untrained.
 
     Generated tokens are the action token ids' lengths (``info["tokens"]`` when a tree has no token ids).
     """
     mixed, pairs, leaves, nodes, tokens, successes = 0, 0, 0, 0, 0, 0.0
     advs, adv_tokens = [], []
-    for tree in trees:
+    for tree, tree_advantages in zip(trees, advantages, strict=True):
         a = tree_arrays(tree)
         values, counts = bottom_up_values(a.parents, a.rewards, a.is_leaf)
         mixed += is_mixed(a.rewards, a.is_leaf)
@@ -102,7 +102,7 @@ def tree_metrics(trees: Sequence[Any], method: AdvantageMethod = "tree_grpo") ->
         nodes += len(a.parents) - 1
         node_tokens = np.array([_action_tokens(n) for n in tree.nodes], dtype=np.float64)
         tokens += int(node_tokens.sum())
-        advs.append(node_advantages(a.parents, a.rewards, a.is_leaf, method))
+        advs.append(np.array([tree_advantages.get(int(i), np.nan) for i in a.ids], dtype=np.float64))
         adv_tokens.append(node_tokens)
     n = max(len(trees), 1)
     adv = np.concatenate(advs) if advs else np.zeros(0)

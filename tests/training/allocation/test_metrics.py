@@ -53,10 +53,11 @@ def test_tree_metrics_hand_trees():
     flat = RolloutTree("b", "p")
     flat.add(0, "z", "o", reward=0.0, terminated=True)
     flat.add(0, "z", "o", reward=0.0, truncated=True)
-    m = tree_metrics([mixed, flat], method="grpo")
+    # trained nodes: n1 (A = 0), two leaves (±1), two flat leaves (0) -> 2 of 5 non-zero; the root is untrained
+    m = tree_metrics([mixed, flat], [{n1.id: 0.0, 2: 1.0, 3: -1.0}, {1: 0.0, 2: 0.0}])
     assert m["alloc/effective_ratio"] == 0.5
     assert m["alloc/pairs"] == 1 and m["alloc/pairs_per_trajectory"] == 0.25
     assert m["rollout/success"] == 0.25 and m["rollout/trajectories"] == 4
-    # trained nodes: n1 (A = 0), two leaves (±1), two flat leaves (0) -> 2 of 5 non-zero
     assert m["alloc/effective_ratio_sample"] == pytest.approx(2 / 5)
+    assert m["alloc/effective_ratio_token"] == 0.0  # n1's 3 tokens are the only ones, and its advantage is 0
     assert m["alloc/pairs_per_1k_tokens"] == pytest.approx(1000 / 3)
