@@ -1,5 +1,6 @@
 """A broken internal invariant (a tensor shape, a collector's or a policy's contract) raises a plain exception
-with its traceback, never a ``UserError``, which the ``trace-gym`` command would print as a user's mistake."""
+with its traceback, never a ``UserError``, which the ``trace-gym`` command would print as a user's mistake; a
+broken contract (what a policy answers, what a collector is asked to sample, an action) is a ``TypeError``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trace_gym.environments.math.env import ArithmeticEnv
 from trace_gym.errors import UserError
 from trace_gym.training.allocation.solvers import solve_prefixes
 from trace_gym.training.rollout.collector import TreeCollector, bare_starts
+from trace_gym.training.rollout.ray_workers import RayTreeCollector
 from trace_gym.training.update.batches import UpdateBatch
 from trace_gym.training.update.loss import policy_loss
 from trace_gym.training.update.packing import pack_rows
@@ -63,9 +65,12 @@ BUGS = {
     "policy answers too few": lambda: _policy_breaks_its_contract(_OneShortPolicy()),
     "policy answers bytes": lambda: _policy_breaks_its_contract(_BytesPolicy()),
     "collector asked for n samples": lambda: _policy_breaks_its_contract(_OneShortPolicy(), SamplingParams(n=2)),
+    "ray collector asked for n samples": lambda: RayTreeCollector(_OneShortPolicy, ArithmeticEnv, [],
+                                                                  SamplingParams(n=2)),
     "an action that is not text": _a_step_that_is_not_text,
 }
-CONTRACTS = ("policy answers too few", "policy answers bytes", "an action that is not text")
+CONTRACTS = ("policy answers too few", "policy answers bytes", "collector asked for n samples",
+             "ray collector asked for n samples", "an action that is not text")
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

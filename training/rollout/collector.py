@@ -225,7 +225,7 @@ class TreeCollector:
                  sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
                  workers: int = 4, max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
-            raise ValueError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
+            raise TypeError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
         self.policy, self.make_env, self.sampling, self.tokenizer = policy, make_env, sampling, tokenizer
         self.snapshot_kind, self.max_context = snapshot_kind, max_context
         self.snapshots = snapshots or SnapshotPolicy()

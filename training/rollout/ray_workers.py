@@ -29,7 +29,7 @@ import gymnasium as gym
 
 from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.env_specs import EnvFactory
-from trace_gym.errors import ConfigError, TraceGymError
+from trace_gym.errors import TraceGymError
 from trace_gym.experts import Expert
 from trace_gym.snapshot import ReplaySnapshot
 from trace_gym.tasks import Task
@@ -144,7 +144,7 @@ class RayTreeCollector:
                  max_context: int = 4096, ray_config: RayConfig | None = None,
                  snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
-            raise ConfigError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
+            raise TypeError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
         self.cfg = ray_config or RayConfig()
         init_ray(self.cfg)
         import ray
