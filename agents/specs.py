@@ -34,7 +34,7 @@ import gymnasium as gym
 
 from trace_gym.agents.policy import Policy
 from trace_gym.env_specs import EnvFactory
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, SetupError
 
 FORMS = "expert, expert:NOISE, a model folder, hf:PATH, vllm:PATH, openai:MODEL, openai or http(s)://HOST/v1"
 Backend = Literal["expert", "hf", "vllm", "openai"]
@@ -84,7 +84,8 @@ class PolicyOptions:
 def policy_from_spec(spec: str, options: PolicyOptions | None = None,
                      make_env: Callable[[], gym.Env] | None = None) -> Policy:
     """The `Policy` that ``spec`` names (module docstring). ``make_env`` is needed by ``expert`` only: the
-    expert comes from ``make_env().unwrapped.expert`` and is re-seeded per request (``ExpertPolicy``)."""
+    expert is the env factory's (`trace_gym.env_specs.EnvFactory.expert`), re-seeded per request
+    (``ExpertPolicy``)."""
     options = options or PolicyOptions()
     backend = backend_of(spec)
     kind, _, rest = spec.partition(":")
@@ -187,9 +188,9 @@ def _vllm(path: str, options: PolicyOptions) -> Policy:
 
         from trace_gym.agents.vllm import VLLMPolicy
     except ImportError as exc:
-        raise ConfigError(f"expected the vllm package for vllm:{path}, got ImportError: {exc}; fix: "
-                          "pip install -e '.[vllm]' (on a GPU machine) or use the model folder with transformers"
-                          ) from None
+        raise SetupError(f"expected the vllm package for vllm:{path}, got ImportError: {exc}; fix: "
+                         "pip install -e '.[vllm]' (on a GPU machine) or use the model folder with transformers"
+                         ) from None
     return VLLMPolicy.from_pretrained(path, dtype=options.dtype, max_model_len=options.max_model_len,
                                       seed=options.seed)
 

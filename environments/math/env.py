@@ -31,7 +31,7 @@ from trace_gym.environments.math.answers import check_answer, format_gold, gsm8k
 from trace_gym.environments.math.arithmetic import ArithmeticConfig, make_tasks, make_tiered_tasks, parse_tiers
 from trace_gym.environments.records import Fields, Source, check_fields, find_column, read_records
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, SandboxSnapshot
-from trace_gym.errors import ConfigError, DataError
+from trace_gym.errors import ConfigError, DataError, SetupError
 from trace_gym.limits import Footprint
 from trace_gym.snapshot import NativeSnapshot
 from trace_gym.tasks import Task
@@ -98,8 +98,8 @@ def load_math_tasks(dataset: str = "math500", data_path: Source | None = None, f
         try:
             import datasets  # optional; only when the user asks for the hub
         except ImportError:
-            raise ConfigError("expected the datasets package for from_hub=True, got ImportError; fix: pip install "
-                              "datasets, or pass data_path= to a local file") from None
+            raise SetupError("expected the datasets package for from_hub=True, got ImportError; fix: pip install "
+                             "datasets, or pass data_path= to a local file") from None
         ds = datasets.load_dataset(hub_id, hub_config, split=hub_split)
         sources = [(hub_id.split("/")[-1], hub_id, read_records(ds, fields, hub_id))]
     else:

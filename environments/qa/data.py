@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from trace_gym.environments.qa.retrieval import Passage, dedupe, join_sentences
 from trace_gym.environments.records import Fields, Source, check_fields, find_column, read_records
-from trace_gym.errors import ConfigError, DataError
+from trace_gym.errors import ConfigError, DataError, SetupError
 from trace_gym.tasks import Task
 
 __all__ = [
@@ -362,7 +362,7 @@ def load_from_hub(dataset: str, split: str, hub_id: str | None = None, config: s
     try:
         import datasets
     except ImportError as e:
-        raise ConfigError(
+        raise SetupError(
             "expected the `datasets` package for from_hub=True, got ImportError; fix: pip install datasets, "
             "or pass data_path= to a local file"
         ) from e

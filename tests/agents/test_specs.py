@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import pytest
 
@@ -13,7 +13,7 @@ from trace_gym.agents.policy import Request, SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.agents.specs import PolicyOptions, backend_of, check_model_folder, policy_from_spec
 from trace_gym.env_specs import env_factory
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, SetupError
 from trace_gym.training.rollout.evaluate import evaluate_policy
 
 ARITHMETIC = env_factory("trace/Arithmetic-v0", {"n_tasks": 8})
@@ -64,9 +64,9 @@ def test_an_unknown_spec_lists_the_forms(tmp_path):
         policy_from_spec(str(tmp_path / "nothing-here"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
-def test_vllm_spec_without_vllm_says_how_to_install_it(nano_dir):
-    with pytest.raises(ConfigError, match=r"\[vllm\]"):
+def test_vllm_spec_without_vllm_says_how_to_install_it(nano_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, whether it is installed or not
+    with pytest.raises(SetupError, match=r"\[vllm\]"):
         policy_from_spec(f"vllm:{nano_dir}")
 
 

@@ -15,7 +15,7 @@ import torch
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.env import TextEnv
 from trace_gym.env_specs import spec_class
-from trace_gym.errors import ConfigError
+from trace_gym.errors import SetupError
 from trace_gym.limits import HostNeeds, ensure_host
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import make_allocator
@@ -45,11 +45,12 @@ def make_policy(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, model_
 
         return HFPolicy(model, tokenizer, max_batch_size=cfg.model.max_batch_size)
     try:
-        from trace_gym.agents.vllm import VLLMPolicy
+        import vllm  # noqa: F401 - the engine itself is imported lazily by VLLMPolicy
     except ImportError as exc:
-        raise ConfigError(f"expected the vLLM backend (trace_gym.agents.vllm and the vllm package), got "
-                          f"ImportError: {exc}; fix: pip install -e '.[vllm]' (from the checkout) or "
-                          "model.backend=hf") from None
+        raise SetupError(f"expected the vllm package for model.backend=vllm, got ImportError: {exc}; fix: pip "
+                         "install -e '.[vllm]' (from the checkout) or model.backend=hf") from None
+    from trace_gym.agents.vllm import VLLMPolicy
+
     return VLLMPolicy.from_pretrained(model_path, dtype="bfloat16" if cfg.model.bf16 else "auto",
                                       max_model_len=cfg.rollout.max_context, seed=cfg.seed,
                                       gpu_memory_utilization=cfg.model.vllm_gpu_memory_utilization)

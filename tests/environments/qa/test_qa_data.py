@@ -20,7 +20,7 @@ from trace_gym.environments.qa.data import (
     load_questions,
 )
 from trace_gym.environments.qa.retrieval import Passage
-from trace_gym.errors import ConfigError, DataError
+from trace_gym.errors import ConfigError, DataError, SetupError
 
 EXPECTED = {
     ("hotpotqa", "train"): 100,
@@ -265,5 +265,5 @@ def test_malformed_files_are_data_errors(tmp_path) -> None:
 
 def test_from_hub_without_datasets_says_how_to_fix(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError, no network touched
-    with pytest.raises(ConfigError, match="pip install datasets"):
+    with pytest.raises(SetupError, match="pip install datasets"):
         load_qa("bamboogle", from_hub=True)

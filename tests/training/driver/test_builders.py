@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from trace_gym.errors import SetupError
 from trace_gym.training.allocation.predictor import FeaturePredictor
 from trace_gym.training.config import TrainConfig
-from trace_gym.training.driver.builders import make_predictor
+from trace_gym.training.driver.builders import make_policy, make_predictor
 
 
 def test_the_feature_predictor_never_asks_for_hidden_states():
     cfg = TrainConfig.from_dict({"predictor": {"kind": "features", "lr": 0.02, "steps": 7}})
     predictor = make_predictor(cfg, lambda: pytest.fail("hidden states are not needed"))
     assert isinstance(predictor, FeaturePredictor) and (predictor.lr, predictor.steps) == (0.02, 7)
+
+
+def test_the_vllm_backend_without_vllm_is_a_setup_error_with_the_install_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, whether it is installed or not
+    cfg = TrainConfig.from_dict({"model": {"backend": "vllm"}})
+    with pytest.raises(SetupError, match=r"fix: pip install -e '\.\[vllm\]'.*model\.backend=hf"):
+        make_policy(cfg, None, None, "runs/model")
 
 
 def test_packed_hidden_state_features_equal_one_forward_per_prefix(tmp_path):
