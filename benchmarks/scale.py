@@ -29,7 +29,7 @@ from _common import machine, write_json
 import trace_gym  # noqa: F401  (registers the ids)
 from trace_gym.agents.policy import Generation, Request, SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
-from trace_gym.env_specs import make_env as make_trace_env
+from trace_gym.env_specs import EnvFactory, env_factory
 from trace_gym.environments.math.env import ArithmeticEnv
 from trace_gym.environments.sandbox import reaper
 from trace_gym.environments.sandbox.host import sandbox_processes, start_template
@@ -171,15 +171,13 @@ def main() -> None:
     args = parser.parse_args()
     ladder = [16, 32] if args.quick else [64, 128, 256, 512, 1024]
     start_template()
-    arithmetic = ArithmeticEnv(n_tasks=2000, difficulty=1)
-    math_tasks = list(arithmetic.tasks)
-    qa = make_trace_env("trace/HotpotQA-v0")
-    qa_tasks = list(qa.unwrapped.tasks)
-    expert = ExpertPolicy(lambda s: qa.unwrapped.expert(noise=0.0, seed=s))
+    math_tasks = EnvFactory.of(lambda: ArithmeticEnv(n_tasks=2000, difficulty=1)).tasks()
+    qa = env_factory("trace/HotpotQA-v0")
+    expert = ExpertPolicy(lambda s: qa.expert(noise=0.0, seed=s))
     envs = {
         "arithmetic": (lambda: ArithmeticEnv(tasks=math_tasks), Cells(), math_tasks,
                        ["grpo", "treepo", "every node"]),
-        "hotpotqa": (lambda: make_trace_env("trace/HotpotQA-v0"), expert, qa_tasks, ["grpo", "treepo"]),
+        "hotpotqa": (qa, expert, qa.tasks(), ["grpo", "treepo"]),
     }
     rows: list[dict] = []
     stopped: set[tuple[str, str]] = set()
@@ -206,7 +204,6 @@ def main() -> None:
                 if "stopped_by" in row:
                     stopped.add((env_name, label))
     qa.close()
-    arithmetic.close()
     print()
     print(HEADER)
     for r in rows:

@@ -104,10 +104,8 @@ def chat_messages(text: str) -> list[dict[str, str]]:
 
 def collect(spec: dict[str, Any], model: torch.nn.Module, tokenizer: Any, seed: int = 0) -> list[RolloutTree]:
     make_env = env_factory(spec["env"], spec["kwargs"])
-    env = make_env()
-    tasks = list(env.unwrapped.tasks)[:spec["prompts"]]
-    make_expert = lambda s: env.unwrapped.expert(noise=0.3, seed=s)  # noqa: E731
-    policy = ScoredExpert(make_expert, tokenizer, model)
+    tasks = make_env.tasks()[:spec["prompts"]]
+    policy = ScoredExpert(lambda s: make_env.expert(noise=0.3, seed=s), tokenizer, model)
     collector = TreeCollector(policy, make_env, tasks, SamplingParams(max_new_tokens=256), tokenizer=tokenizer,
                               workers=2, max_context=16384)
     try:
@@ -122,7 +120,7 @@ def collect(spec: dict[str, Any], model: torch.nn.Module, tokenizer: Any, seed: 
         return list(collector.trees.values())
     finally:
         collector.close()
-        env.close()
+        make_env.close()
 
 
 def tree_tokens(trees: Sequence[RolloutTree]) -> int:

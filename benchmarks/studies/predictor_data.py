@@ -47,13 +47,10 @@ def main() -> None:
         prompt_ids = {}
         from trace_gym.agents.chat import Conversation
 
-        probe = t.make_env()
-        try:
+        with t.make_env.reading() as env:
             for task in tasks:
-                _, info = probe.reset(options={"task": task})
+                _, info = env.reset(options={"task": task})
                 prompt_ids[task.id] = Conversation.start(t.tokenizer, info["messages"], None).ids
-        finally:
-            probe.close()
         greedy = SamplingParams(temperature=0.0, max_new_tokens=t.cfg.rollout.max_new_tokens)
         for s in range(0, len(tasks), 64):
             part = tasks[s:s + 64]

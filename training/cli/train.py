@@ -104,14 +104,12 @@ def _check_env(cfg: TrainConfig) -> None:
     from trace_gym.env_specs import env_factory
 
     for kwargs in (cfg.env.kwargs, {**cfg.env.kwargs, **cfg.env.eval_kwargs}):
-        env = env_factory(cfg.env.id, kwargs)()
-        try:
-            if not hasattr(env.unwrapped, "tasks"):  # loads (and checks) the data
-                raise ConfigError(f"expected env.id to name a trace_gym TextEnv (training and evaluation draw "
-                                  f"prompts from its tasks), got {type(env.unwrapped).__name__}; fix: subclass "
-                                  "trace_gym.ToolEnv, as the README's CapitalsEnv does")
-        finally:
-            env.close()
+        factory = env_factory(cfg.env.id, kwargs)
+        if not factory.tasks():  # loads (and checks) the data; an env that is no TextEnv has none
+            name = factory.env_class.__name__ if factory.env_class is not None else cfg.env.id
+            raise ConfigError(f"expected env.id to name a trace_gym TextEnv (training and evaluation draw "
+                              f"prompts from its tasks), got {name}; fix: subclass trace_gym.ToolEnv, as the "
+                              "README's CapitalsEnv does")
 
 
 def run(command: str, args: argparse.Namespace) -> int:

@@ -71,6 +71,13 @@ def test_a_missing_or_broken_math_data_file_is_one_line(capsys, tmp_path, conten
     assert str(data) in line and expected in line
 
 
+def test_an_env_that_is_no_text_env_is_refused_before_training(capsys, tmp_path):
+    line = user_error(capsys, ["train", "--config", QUICKSTART, "env.id=CartPole-v1", "env.kwargs={}",
+                               "env.eval_kwargs={}", f"run_dir={tmp_path}/run"])
+    assert "expected env.id to name a trace_gym TextEnv" in line and "got CartPoleEnv" in line
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_of_a_folder_that_is_not_a_run_points_at_the_configs(capsys, tmp_path):
     line = user_error(capsys, ["train", "--resume", str(tmp_path)])
     assert "not a run folder" in line and "--config configs/quickstart.yaml" in line
