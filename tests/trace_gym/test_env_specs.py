@@ -132,10 +132,13 @@ def test_a_keyword_argument_of_a_registered_env_is_checked_too():
 
 def test_the_did_you_mean_suggests_only_a_keyword_that_takes_the_value():
     """HotpotQA's nearest keyword to n_tasks is tasks, a sequence of Task objects: an integer cannot go there, so
-    the fix says how to play fewer tasks instead; a string keyword still gets its suggestion."""
+    the fix says how each command plays fewer tasks instead (sft has no --tasks); a string keyword still gets its
+    suggestion."""
     with pytest.raises(ConfigError) as caught:
         make_env("trace/HotpotQA-v0", n_tasks=3)
-    assert "did you mean" not in str(caught.value) and "--tasks N" in str(caught.value)
+    fix = str(caught.value).split("fix: ", 1)[1]
+    assert "did you mean" not in fix
+    assert all(flag in fix for flag in ("eval and rollout: --tasks N", "vf-validate: -n N", "sft: --episodes N"))
     with pytest.raises(ConfigError, match="did you mean action_format"):
         make_env("trace/HotpotQA-v0", actionformat="tags")
     with pytest.raises(ConfigError, match="did you mean top_k"):
@@ -146,6 +149,23 @@ def test_a_type_error_inside_the_constructor_keeps_its_traceback(user_module):
     name, _ = user_module
     with pytest.raises(TypeError, match="bogus"):
         make_env(f"{name}:BrokenEnv")
+
+
+def test_the_factory_names_the_class_of_every_form_without_building_an_env(user_module):
+    name, env_id = user_module
+    specs = {f"{name}:EchoEnv": "EchoEnv", f"{name}:{env_id}": "EchoEnv", "trace/Arithmetic-v0": "ArithmeticEnv",
+             f"{name}:BrokenEnv": "BrokenEnv"}  # BrokenEnv's constructor raises: no env is built
+    assert {spec: env_factory(spec).env_class.__name__ for spec in specs} == specs
+    assert EnvFactory.of(lambda: make_env(f"{name}:EchoEnv")).env_class is None  # a callable names no class
+
+
+def test_the_factory_answers_tasks_and_says_when_there_is_no_expert(user_module):
+    name, env_id = user_module
+    factory = env_factory(f"{name}:{env_id}")
+    assert [t.id for t in factory.tasks()] == ["gamma"] and not factory.has_expert
+    with pytest.raises(ConfigError, match="fix: use a model policy"):
+        factory.expert()
+    factory.close()
 
 
 def test_a_factory_pickles_and_makes_the_env_after_unpickling(user_module):

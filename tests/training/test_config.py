@@ -1,4 +1,4 @@
-"""Configs: YAML + dotted overrides load into typed dataclasses; every invalid value names its fix."""
+"""Configs: YAML + dotted overrides load into typed pydantic sections; every invalid value names its fix."""
 
 from __future__ import annotations
 

@@ -18,6 +18,39 @@ def test_the_feature_predictor_never_asks_for_hidden_states():
     assert isinstance(predictor, FeaturePredictor) and (predictor.lr, predictor.steps) == (0.02, 7)
 
 
+HUNGRY_ENVS = """
+from trace_gym import Task, TextEnv, Turn
+from trace_gym.limits import Footprint
+
+
+class HungryEnv(TextEnv):
+    def load_tasks(self):
+        return [Task("t", "say anything")]
+
+    def turn(self, action):
+        return Turn("ok", reward=1.0, terminated=True)
+
+    @staticmethod
+    def host_footprint(branching):
+        return Footprint(processes=0, descriptors=10**9, namespaces=0, memory_bytes=0)
+"""
+
+
+def test_a_users_module_colon_class_env_has_its_footprint_checked(tmp_path, monkeypatch):
+    from trace_gym.agents.policy import SamplingParams
+    from trace_gym.env_specs import env_factory
+    from trace_gym.errors import ConfigError
+    from trace_gym.training.driver.builders import make_collector
+
+    (tmp_path / "hungry_envs.py").write_text(HUNGRY_ENVS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "hungry_envs", raising=False)
+    cfg = TrainConfig.from_dict({"env": {"id": "hungry_envs:HungryEnv"}})
+    with pytest.raises(ConfigError, match="fix: ulimit -n"):
+        make_collector(cfg, None, env_factory(cfg.env.id), [], SamplingParams(), None, "")
+    sys.modules.pop("hungry_envs", None)
+
+
 def test_the_vllm_backend_without_vllm_is_a_setup_error_with_the_install_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, whether it is installed or not
     cfg = TrainConfig.from_dict({"model": {"backend": "vllm"}})
