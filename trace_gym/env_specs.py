@@ -189,7 +189,9 @@ def make_env(spec: str, **kwargs: Any) -> gym.Env:
         near = nearest(bad, _keywords_taking(creator, accepted, kwargs[bad]))
         hint = f"did you mean {near}? " if near else ""
         if near is None and "task" in bad and isinstance(kwargs[bad], int):
-            hint = "to play fewer tasks, give the command --tasks N (it plays the first N); "
+            hint = ("this env's tasks are its dataset's; to play fewer, ask the command (trace-gym eval and "
+                    "rollout: --tasks N, the first N; vf-eval and vf-validate: -n N; trace-gym sft: --episodes N, "
+                    "which cycle over the tasks); ")
         raise ConfigError(f"expected keyword arguments of {spec}, got unknown {bad}={kwargs[bad]!r}; fix: {hint}"
                           f"it takes {', '.join(sorted(accepted)) or 'none'}") from None
 
