@@ -144,3 +144,21 @@ def test_envs_shows_every_id_in_full_at_80_columns():
     assert all(len(line) <= 80 for line in out.splitlines())
     listed = {line.split()[0] for line in out.splitlines() if line.startswith("trace/")}
     assert listed == set(trace_env_ids())
+
+
+def test_envs_lists_every_id_without_bfcl_eval_and_says_what_the_bfcl_ones_need(tmp_path):
+    """A base install has no bfcl-eval: the listing still shows every env, each BFCL one with its install line."""
+    from trace_gym.environments.bfcl.backends import BFCL_INSTALL
+
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['bfcl_eval'] = None  # not installed\n")
+    env = {**os.environ, "COLUMNS": "200", "TERM": "dumb", "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "trace_gym.training.cli.main", "envs"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("trace/")}
+    assert set(rows) == set(trace_env_ids())
+    bfcl = [i for i in rows if i.startswith("trace/BFCL")]
+    assert bfcl and all("needs [1]" in rows[i] for i in bfcl)
+    assert "needs" not in rows["trace/Arithmetic-v0"] and "python" in rows["trace/Arithmetic-v0"]
+    assert f"[1] not installed here: {BFCL_INSTALL}" in " ".join(done.stdout.split())
