@@ -15,6 +15,7 @@ a run that already reached its `steps` says so and exits 0 (raise `steps=` to tr
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,13 @@ def _eval_policy(args: argparse.Namespace, console: Any) -> int:
 _GAIN_NAMES = {"success": "success", "expert": "expert-probability", "tool_use": "tool-use"}
 
 
+def _with_interval(success: float | None, interval: Sequence[float] | None) -> float | str | None:
+    """``0.600 [0.313, 0.832]``: a held-out success with its Wilson interval over prompts, when the run has it."""
+    if success is None or not interval:
+        return success
+    return f"{success:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
 def print_summary(summary: dict[str, Any], console: Any) -> None:
     """The final table of a training run."""
     from rich.table import Table
@@ -201,7 +209,10 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     table.add_column("value", justify="right")
     rows = [
         ("allocator", summary["allocator"]), ("steps", summary["steps"]),
-        ("held-out success before", summary["success_before"]), ("held-out success after", summary["success_after"]),
+        ("held-out success before (95% interval)", _with_interval(summary["success_before"],
+                                                                  summary.get("success_before_ci95"))),
+        ("held-out success after (95% interval)", _with_interval(summary["success_after"],
+                                                                 summary.get("success_after_ci95"))),
         ("held-out tool use before", summary.get("tool_use_before")),
         ("held-out tool use after", summary.get("tool_use_after")),
         *((f"held-out {_GAIN_NAMES[k]} gain (paired, 95%, {g['tasks']} prompts)",

@@ -48,7 +48,7 @@ from trace_gym.training.driver.metrics_log import MetricsLogger
 from trace_gym.training.driver.progress import StepProgress, plot_at_end
 from trace_gym.training.driver.warm_start import warm_start
 from trace_gym.training.rollout.evaluate import eval_collector, evaluate, expert_logprob, expert_sequences
-from trace_gym.training.stats import PairedDifference
+from trace_gym.training.stats import PairedDifference, wilson_interval
 from trace_gym.training.step import StageTimer, StepResult, Update, take_step
 from trace_gym.training.update.learner import Learner
 from trace_gym.training.update.parallel import broadcast_object, join_process_group
@@ -254,14 +254,16 @@ class Trainer:
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         """The run's summary (summary.json and the final table): allocator, steps, held-out success before and
-        after, the paired held-out gains (`held_out_gain`), effective ratios, budget, generated tokens and
-        ``wall_s``."""
+        after with their 95% Wilson intervals over prompts, the paired held-out gains (`held_out_gain`),
+        effective ratios, budget, generated tokens and ``wall_s``."""
         ev, tool = self.history.eval, self.history.eval_tool_use
+        first, last = self.history.eval_first, self.history.eval_last
         ratios = [r for r in self.history.effective_ratio if not math.isnan(r)]
         gains = {k: {"mean": g.mean, "lo": g.lo, "hi": g.hi, "tasks": g.tasks} for k, g in self.held_out_gain().items()}
         return {
             "run_dir": str(self.run_dir), "steps": self.step_count, "allocator": self.cfg.alloc.allocator,
             "success_before": ev[0][1] if ev else None, "success_after": ev[-1][1] if ev else None,
+            "success_before_ci95": _success_interval(first), "success_after_ci95": _success_interval(last),
             "tool_use_before": tool[0][1] if tool else None, "tool_use_after": tool[-1][1] if tool else None,
             "eval_samples": self.cfg.eval.samples, "gain": gains,
             "eval": ev, "effective_ratio_mean": float(np.mean(ratios)) if ratios else None,
@@ -294,3 +296,10 @@ class Trainer:
         self.allocator.load_state_dict(state["trainer"].get("allocator", {}))
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
+
+
+def _success_interval(per_prompt: Mapping[str, Sequence[float]] | None) -> list[float] | None:
+    """The 95% Wilson interval of an evaluation's success over its prompts (as `EvalResult.interval` gives it);
+    None when the run kept no per-prompt values (no evaluation, or a checkpoint older than them)."""
+    scored = [float(v) for v in (per_prompt or {}).get("success", []) if np.isfinite(v)]
+    return list(wilson_interval(float(np.mean(scored)), len(scored))) if scored else None

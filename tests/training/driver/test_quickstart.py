@@ -33,6 +33,9 @@ def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
     assert rows[1]["alloc/budget"] == 8  # M·(1+N) trajectories
     summary = json.loads((tmp_path / "rl" / "summary.json").read_text())
     assert summary["trajectories"] == 8 and summary["success_before"] is not None
+    # Held-out success comes with the evaluation's own Wilson interval over prompts, before and after.
+    for key, row in (("success_before_ci95", rows[0]), ("success_after_ci95", rows[1])):
+        assert summary[key] == pytest.approx([row["eval/success_lo"], row["eval/success_hi"]])
     assert (tmp_path / "rl" / "checkpoints" / "step_000001" / "model" / "config.json").is_file()
     # The run's held-out gain is paired over the same prompts: its mean is the difference of the two evals.
     gain = summary["gain"]
@@ -47,3 +50,5 @@ def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
     assert gain["expert"]["lo"] <= gain["expert"]["mean"] <= gain["expert"]["hi"]
     out = capsys.readouterr().out
     assert "held-out success before" in out and "expert-probability gain" in out and "held-out tool use after" in out
+    lo, hi = summary["success_after_ci95"]
+    assert f"{summary['success_after']:.3f} [{lo:.3f}, {hi:.3f}]" in out
