@@ -9,10 +9,12 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
+from trace_gym.env_specs import parse_env_args
 from trace_gym.errors import ConfigError
 
-__all__ = ["TOKEN_VARIABLE", "add_arguments", "read_tokens", "run"]
+__all__ = ["TOKEN_VARIABLE", "add_arguments", "env_arguments", "read_tokens", "run"]
 
 TOKEN_VARIABLE = "TRACE_GYM_SERVE_TOKEN"
 
@@ -20,7 +22,11 @@ TOKEN_VARIABLE = "TRACE_GYM_SERVE_TOKEN"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="the env to serve: a registered id (trace-gym envs), "
                                                      "module:id or module:Class")
-    parser.add_argument("--env-args", default="{}", help="its constructor's arguments as a JSON object")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword argument of the env, the value read as YAML (n_tasks=100), as trace-gym eval "
+                             "takes it; repeat for several")
+    parser.add_argument("--env-args", default="{}", metavar="JSON",
+                        help="its constructor's arguments as one JSON object (joined with --env-arg)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback only by default; "
                                                             "anything else needs a token)")
     parser.add_argument("--port", type=int, default=8765)
@@ -58,10 +64,9 @@ def read_tokens(path: str | None) -> list[str]:
     return tokens
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve ``args`` in the foreground until interrupted."""
-    from trace_gym.integrations.env_server import EnvServer, ServeLimits
-
+def env_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The env's keyword arguments: ``--env-args`` (a JSON object) joined with each ``--env-arg KEY=VALUE``; a key
+    given by both is a mistake."""
     try:
         env_args = json.loads(args.env_args)
     except json.JSONDecodeError as exc:
@@ -69,6 +74,19 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(env_args, dict):
         raise ConfigError(f"expected --env-args as a JSON object, got {type(env_args).__name__}; fix: e.g. "
                           "'{\"n_tasks\": 100}'")
+    pairs = parse_env_args(args.env_arg)
+    both = sorted(set(pairs) & set(env_args))
+    if both:
+        raise ConfigError(f"expected each env argument once, got {', '.join(both)} in both --env-args and "
+                          "--env-arg; fix: give it in one of them")
+    return {**env_args, **pairs}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve ``args`` in the foreground until interrupted."""
+    from trace_gym.integrations.env_server import EnvServer, ServeLimits
+
+    env_args = env_arguments(args)
     limits = ServeLimits(max_live=args.max_live, max_connections=args.max_connections,
                          request_timeout_s=args.request_timeout, session_idle_s=args.session_idle)
     server = EnvServer(args.env, env_args, host=args.host, port=args.port, tokens=read_tokens(args.token_file),
