@@ -67,6 +67,12 @@ class ConformanceReport:
 
 
 def _make_factory(env: str | Callable[[], gym.Env[str, str]]) -> Callable[[], TextEnv]:
+    if isinstance(env, gym.Env):  # gymnasium's check_env takes one; this checker builds fresh instances
+        name = type(env.unwrapped).__name__
+        raise ConfigError(f"expected a registered id or a zero-argument factory, got a {name} instance (the checker "
+                          f"builds fresh envs to compare across restores); fix: check_trace_env('my/Env-v0') or "
+                          f"check_trace_env(lambda: {name}(...))")
+
     def factory() -> TextEnv:
         made = make_env(env) if isinstance(env, str) else env()
         base = made.unwrapped

@@ -117,3 +117,13 @@ def test_a_passing_env_says_what_was_checked(capsys) -> None:
     assert "3 scripts of 3 turns" in line and "expert turns" in line and "no process left" in line
     check_trace_env("tests.trace_gym.toy_envs:VaultEnv", skip_gym_check=True, quiet=True)
     assert capsys.readouterr().out == ""
+
+
+def test_an_env_instance_is_one_line_asking_for_an_id_or_a_factory() -> None:
+    from trace_gym.checker import check_trace_env
+    from trace_gym.errors import ConfigError
+
+    env = DiceEnv()
+    with pytest.raises(ConfigError, match=r"got a DiceEnv instance .*fix: check_trace_env\('my/Env-v0'\)"):
+        check_trace_env(env)
+    env.close()
