@@ -31,11 +31,13 @@ route                           what it does (bodies: `trace_gym.integrations.se
 ==============================  ========================================================================
 
 Safety (`serve_guard`): the ``Host`` must be the bound address, no ``Origin`` (browsers), JSON bodies only
-with a ``Content-Length`` of at most 16 MiB, whole requests within a timeout, a cap on connections, and a
-token on every request when the server has tokens (required to bind anything but loopback). Sessions have
-unguessable ids and belong to their credential or connection (`serve_sessions`); sessions and snapshot handles
-share one budget derived from the host (`serve_budget`), refused past it (503). A client's mistake is a 4xx
-with ``{"detail": "expected ..., got ...; fix: ..."}``; a model's malformed turn is the env's error observation.
+with a ``Content-Length`` within the longest action the env takes (`body_bound`, 1 MiB for the bundled envs)
+and at most ten thousand strings, containers and items (WebSocket messages alike), whole requests within a
+timeout, a cap on connections, and a token on every request when the server has tokens (required to bind
+anything but loopback). Sessions have unguessable ids and belong to their credential or connection
+(`serve_sessions`); sessions and snapshot handles share one budget derived from the host (`serve_budget`),
+refused past it (503). A client's mistake is a 4xx with ``{"detail": "expected ..., got ...; fix: ..."}``; a
+model's malformed turn is the env's error observation.
 """
 
 from __future__ import annotations
@@ -66,7 +68,13 @@ except ImportError as exc:  # one line with the fix, not a traceback into the im
 
 import trace_gym
 from trace_gym.integrations.serve_budget import BudgetFull, LiveBudget, host_budget, unit_footprint
-from trace_gym.integrations.serve_guard import RequestGuard, allowed_host_names, guarded_protocol, is_loopback
+from trace_gym.integrations.serve_guard import (
+    RequestGuard,
+    allowed_host_names,
+    guarded_protocol,
+    is_loopback,
+    too_many_items,
+)
 from trace_gym.integrations.serve_payloads import (
     EnvResult,
     EpisodeState,
@@ -91,9 +99,13 @@ from trace_gym.integrations.serve_sessions import (
 )
 from trace_gym.integrations.session import EnvSession
 
-__all__ = ["MAX_BODY", "EnvServer", "ServeLimits", "build_app", "served_env_class"]
+__all__ = ["MAX_BODY", "EnvServer", "ServeLimits", "body_bound", "build_app", "served_env_class"]
 
-MAX_BODY = 16 * 1024 * 1024  # an action longer than this is not a turn
+MAX_BODY = 1 << 20
+"""The least body (and WebSocket message) a server takes; an env whose actions may be longer raises it
+(`body_bound`)."""
+WS_QUEUE = 2
+"""WebSocket messages read ahead of the one being answered (a client sends one and waits for its answer)."""
 SESSION_HEADER = "X-Session-Id"
 SessionId = Annotated[str | None, Header(alias=SESSION_HEADER, description="the session POST /reset opened")]
 
@@ -101,13 +113,14 @@ SessionId = Annotated[str | None, Header(alias=SESSION_HEADER, description="the 
 @dataclass(frozen=True)
 class ServeLimits:
     """The server's bounds: live units (None: the host's budget), open connections, seconds to send a whole
-    request, seconds a session may sit unused, and the largest body or WebSocket message."""
+    request, seconds a session may sit unused, and the largest body or WebSocket message (None: `body_bound`
+    of the served env)."""
 
     max_live: int | None = None
     max_connections: int = 256
     request_timeout_s: float = 10.0
     session_idle_s: float = 600.0
-    max_body: int = MAX_BODY
+    max_body: int | None = None
 
 
 def served_env_class(spec: str) -> type[TextEnv]:
@@ -120,6 +133,13 @@ def served_env_class(spec: str) -> type[TextEnv]:
         raise ConfigError(f"expected {spec} to name a trace_gym env class (a TextEnv subclass), got {what}; fix: "
                           "serve a registered id (trace-gym envs lists them) or module:Class of your env")
     return creator
+
+
+def body_bound(env: TextEnv) -> int:
+    """The largest body the server reads for ``env``: its longest action (``max_action_chars``) as JSON may
+    write it (12 bytes a character, a surrogate pair of escapes), with 64 KiB for the other fields; at least
+    `MAX_BODY`."""
+    return max(MAX_BODY, 12 * int(getattr(env, "max_action_chars", 0)) + (64 << 10))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -167,6 +187,7 @@ def build_app(spec: str, env_args: Mapping[str, Any] | None, budget: LiveBudget,
     metadata = Metadata(name=spec, description=doc.split("\n\n")[0].replace("\n", " "),
                         version=trace_gym.__version__, author="trace-gym")
     table = SessionTable(factory, budget, limits.session_idle_s, spare=first)
+    max_body = limits.max_body if limits.max_body is not None else body_bound(first.base)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -181,7 +202,7 @@ def build_app(spec: str, env_args: Mapping[str, Any] | None, budget: LiveBudget,
     # trace-gym's own version is in /metadata. No /docs page: it would load scripts into a browser.
     app = FastAPI(title=f"trace-gym env server: {spec}", version="1.0.0", lifespan=lifespan, docs_url=None,
                   redoc_url=None, description=__doc__.split("\n\n")[0])
-    app.state.table = table
+    app.state.table, app.state.max_body = table, max_body
 
     def owner(request: Request | WebSocket) -> str:
         return request.scope["state"]["owner"]
@@ -327,6 +348,9 @@ def build_app(spec: str, env_args: Mapping[str, Any] | None, budget: LiveBudget,
 
     async def ws_answer(live: Live, text: str) -> dict[str, Any] | None:
         """The answer to one WebSocket message (None: the client closes the session)."""
+        refusal = too_many_items(text)
+        if refusal is not None:
+            return _ws_error(refusal, "INVALID_JSON")
         try:
             message = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -370,9 +394,16 @@ def build_app(spec: str, env_args: Mapping[str, Any] | None, budget: LiveBudget,
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": json.loads(json.dumps(exc.errors(), default=str))}, status_code=422)
+        errors = [{**e, "input": _short(e["input"])} if "input" in e else e for e in exc.errors()]
+        return JSONResponse({"detail": json.loads(json.dumps(errors, default=str))}, status_code=422)
 
     return app
+
+
+def _short(value: Any) -> Any:
+    """A refused field's value as the answer shows it: itself when short, else the start of its text."""
+    text = json.dumps(value, default=str)
+    return value if len(text) <= 200 else text[:200] + "..."
 
 
 def _ws_error(message: str, code: str) -> dict[str, Any]:
@@ -417,9 +448,12 @@ class EnvServer:
                 from None
         bound = self.socket.getsockname()[1]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{bound}"
-        guard = RequestGuard(self.app, allowed_host_names(host, allow_hosts), tokens, limits.max_body)
+        self.max_body = self.app.state.max_body
+        guard = RequestGuard(self.app, allowed_host_names(host, allow_hosts), tokens, self.max_body)
+        # No per-message compression: a few KiB on the wire would inflate to max_body each.
         config = uvicorn.Config(guard, http=guarded_protocol(limits.max_connections, limits.request_timeout_s),
-                                ws_max_size=limits.max_body, timeout_keep_alive=5, lifespan="on",
+                                ws_max_size=self.max_body, ws_max_queue=WS_QUEUE, ws_per_message_deflate=False,
+                                timeout_keep_alive=5, lifespan="on",
                                 log_level="warning", access_log=False, server_header=False)
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -20,7 +20,8 @@ import pytest
 from tests.training.parity_env import ENTRY_POINT, ParityEnv
 from trace_gym.errors import ConfigError
 from trace_gym.integrations.env_client import EnvClient
-from trace_gym.integrations.env_server import EnvServer, ServeLimits
+from trace_gym.integrations.env_server import MAX_BODY, EnvServer, ServeLimits
+from trace_gym.integrations.serve_guard import MAX_JSON_ITEMS, json_items
 from trace_gym.integrations.serve_budget import host_budget, unit_footprint
 from trace_gym.limits import Footprint, HostNeeds, available_memory, check_host
 
@@ -121,6 +122,9 @@ def test_a_browsers_simple_request_with_a_foreign_host_is_refused(server):
 @pytest.mark.parametrize(("headers", "status", "says"), [
     ({"Host": "evil.example"}, 421, b"expected Host"),  # rebinding: the attacker's name
     ({"Host": "10.1.2.3:80"}, 421, b"expected Host"),  # another address than the bound one
+    ({"Host": "127.0.0.1:80@evil.example"}, 421, b"expected Host"),  # not a name and a port: a userinfo form
+    ({"Host": "[localhost]evil.example"}, 421, b"expected Host"),  # text after the brackets
+    ({"Host": "[127.0.0.1]"}, 421, b"expected Host"),  # brackets hold an IPv6 address only
     ({"Origin": "http://evil.example"}, 403, b"expected no Origin"),  # a cross-origin fetch
     ({"Origin": "null"}, 403, b"expected no Origin"),  # a sandboxed frame or a file: page
     ({"Content-Type": "text/plain"}, 415, b"expected Content-Type application/json"),  # a CORS simple request
@@ -227,7 +231,8 @@ def test_a_negative_content_length_is_refused_without_reading_the_body(server):
 
 
 @pytest.mark.parametrize(("length_headers", "status"), [
-    ("Content-Length: 17000000\r\n", 413),  # over the 16 MiB bound: refused before a byte of it is read
+    ("Content-Length: 17000000\r\n", 413),  # over the body bound: refused before a byte of it is read
+    (f"Content-Length: {MAX_BODY + 1}\r\n", 413),  # the env's actions are 32,000 characters: 1 MiB is the bound
     ("Transfer-Encoding: chunked\r\n", 411),  # no length at all
     ("Content-Length: 5\r\nContent-Length: 50\r\n", 400),  # two lengths
     ("Content-Length: 0x10\r\n", 400),
@@ -236,6 +241,35 @@ def test_a_body_must_declare_one_honest_length(server, length_headers, status):
     head = (f"POST /reset HTTP/1.1\r\nHost: {local_host(server.url)}\r\nContent-Type: application/json\r\n"
             f"{length_headers}Connection: close\r\n\r\n").encode()
     assert status_of(raw(server.url, head)) == status and server.sessions == 0
+
+
+@pytest.mark.parametrize("payload", [
+    b"[" + b"{}," * (MAX_BODY // 3 - 100) + b"{}]",  # 800 MiB of dicts per 16 MiB, parsed on the event loop
+    b"[" + b"1," * (MAX_BODY // 2 - 100) + b"1]",
+    b"[" + b'"",' * (MAX_BODY // 3 - 100) + b'""]',
+    b"[" * 20_000 + b"]" * 20_000,  # nesting past the parser's recursion
+])
+def test_a_body_of_many_small_values_is_refused_before_it_is_parsed(server, payload):
+    body = b'{"action": {"message": "x", "metadata": {"k": ' + payload + b"}}}"
+    assert len(body) <= MAX_BODY
+    answer = post(server.url, "/reset", body, {"Host": local_host(server.url), "Content-Type": "application/json"})
+    assert status_of(answer) == 413 and b"strings, containers and items" in answer and server.sessions == 0
+    ws = _ws_exchange(server.url, None, raw_message=payload.decode())
+    assert ws["type"] == "error" and "strings, containers and items" in ws["data"]["message"]
+    assert _sessions_after_closing(server) == 0
+    env = EnvClient(server.url).open()  # a turn's body passes, its text full of brackets and quotes
+    env.reset(index=0)
+    assert env.step('{[",' * 7_000)[0]
+
+
+def test_items_are_counted_outside_strings_and_in_one_pass():
+    # three braces, four strings (one holding brackets, commas and an escaped quote), one comma
+    assert json_items(b'{"action": {"message": "a, {b} [c] \\" ,", "metadata": {}}}') == 8
+    assert json_items(b"[" * (MAX_JSON_ITEMS + 5), MAX_JSON_ITEMS) == MAX_JSON_ITEMS + 1
+    # An unterminated string, or one ending in a lone backslash, is one token to the end: each scan moves on,
+    # so a body of escaped quotes is counted in one pass, not one per quote.
+    assert json_items(b'"' + b'\\"' * (MAX_BODY // 2)) == 1 and json_items(b'"abc\\') == 1
+    assert json_items(b'"\\' * (MAX_BODY // 2)) == 1
 
 
 def test_half_sent_requests_are_timed_out_and_connections_are_capped():
@@ -334,11 +368,12 @@ def _sessions_after_closing(server: EnvServer) -> int:
     return server.sessions
 
 
-def _ws_exchange(url: str, message: dict | None) -> dict:
-    """One message over a new WebSocket session (None: only what the server says first, if anything)."""
+def _ws_exchange(url: str, message: dict | None, raw_message: str | None = None) -> dict:
+    """One message (or ``raw_message`` as is) over a new WebSocket session (neither: only what the server says
+    first, if anything)."""
     from websockets.sync.client import connect
 
-    with connect(url.replace("http", "ws", 1) + "/ws", open_timeout=30) as ws:
-        if message is not None:
-            ws.send(json.dumps(message))
+    with connect(url.replace("http", "ws", 1) + "/ws", open_timeout=30, max_size=None) as ws:
+        if message is not None or raw_message is not None:
+            ws.send(raw_message if raw_message is not None else json.dumps(message))
         return json.loads(ws.recv(timeout=30))
