@@ -21,8 +21,8 @@ from tests.training.parity_env import ENTRY_POINT, ParityEnv
 from trace_gym.errors import ConfigError
 from trace_gym.integrations.env_client import EnvClient
 from trace_gym.integrations.env_server import MAX_BODY, EnvServer, ServeLimits
-from trace_gym.integrations.serve_guard import MAX_JSON_ITEMS, json_items
 from trace_gym.integrations.serve_budget import host_budget, unit_footprint
+from trace_gym.integrations.serve_guard import MAX_JSON_ITEMS, json_items
 from trace_gym.limits import Footprint, HostNeeds, available_memory, check_host
 
 TOKEN_A, TOKEN_B = "a" * 24 + "-token-of-alice", "b" * 24 + "-token-of-bob"
