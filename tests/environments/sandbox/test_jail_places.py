@@ -92,3 +92,66 @@ def test_a_host_killed_mid_run_leaves_nothing_in_the_temporary_folder() -> None:
     assert _made_by(pid) == []  # ... the next start removes
     for name in _made_by(again.stdout.strip()):
         shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+
+
+CLONE_SCRIPT = r'''
+import sys, tomllib
+from importlib.util import spec_from_file_location
+from pathlib import Path
+
+root = Path(sys.argv[1])
+# The clone's packages as its pyproject lays them out (what an install of the clone would map), ahead of the
+# running venv's own install of the project.
+layout = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+places = {"trace_gym": root / "trace_gym", **{name: root / folder for name, folder in layout.items()}}
+
+
+class CloneFinder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in places:
+            return None
+        return spec_from_file_location(name, places[name] / "__init__.py",
+                                       submodule_search_locations=[str(places[name])])
+
+
+sys.meta_path.insert(0, CloneFinder)
+from trace_gym.environments.math import answers, jailed
+from trace_gym.environments.sandbox import host
+
+print("files", all(Path(m.__file__).resolve().is_relative_to(root) for m in (answers, jailed, host)))
+score, info = answers.check_answer("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}")
+print("right", score, info["method"])
+score, info = answers.check_answer("\\frac{1}{\\sqrt{3}}", "\\frac{\\sqrt{2}}{2}")
+print("wrong", score, info["method"])
+box = host.PythonSandbox(host.SandboxLimits(timeout_s=20, cpu_s=20))
+print("cell", box.run("import probe_in_clone\nprint(probe_in_clone.VALUE)").output.strip())
+box.close()
+'''
+
+
+def test_a_clone_in_the_temporary_folder_checks_math_through_the_jail() -> None:
+    """The project cloned into the system's temporary folder and run from there (with this venv): the symbolic
+    answer check, which runs in the jail the clone's sandbox package starts, scores a right answer 1 and a wrong
+    one 0, and a cell imports a module that exists only in the clone. What is tested is the project's last
+    commit, as a fresh clone has it."""
+    root = Path(__file__).resolve().parents[3]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("the project is not a git checkout here: nothing to clone")
+    place = Path(tempfile.mkdtemp(prefix="trace-clone-in-tmp-", dir="/tmp"))
+    try:
+        clone = place / "trace-gym"
+        subprocess.run(["git", "clone", "--quiet", str(root), str(clone)], check=True, capture_output=True,
+                       timeout=300)
+        (clone / "environments" / "sandbox" / "probe_in_clone.py").write_text("VALUE = 'from the clone'\n")
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        proc = subprocess.run([sys.executable, "-c", CLONE_SCRIPT, str(clone)], env=env, cwd=place,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+        assert out["files"] == "True"  # the clone's code ran, not this checkout's
+        assert out["right"] in ("1.0 sympy", "1.0 math_verify")  # decided in the jail, not by the host's parser
+        assert out["wrong"] == "0.0 mismatch"
+        assert out["cell"] == "from the clone"
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
