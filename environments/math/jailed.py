@@ -137,7 +137,7 @@ class _Checker:
         self.discard()
         box = PythonSandbox(_SETUP_LIMITS, user=self.user, isolation=self.isolation)
         try:
-            result = box.run(_setup_code())
+            result = box.run(_setup_code(), more=False)  # the worker's one child must be the frozen fork
             if not result.ok:
                 raise CheckerUnavailableError("expected the jailed answer checker to start, it did not: "
                                               f"{result.output[-800:]}")
@@ -173,7 +173,7 @@ class _Checker:
         box = PythonSandbox(LIMITS, user=self.user, isolation=self.isolation)
         box.restore(self.snapshot)
         try:
-            return box.run(_check_cell(data))
+            return box.run(_check_cell(data), more=False)
         finally:
             ran = time.perf_counter()
             box.close()

@@ -15,7 +15,9 @@ Processes (each arrow a fork; code in ``runtime.py``, jail in ``jail.py``, docs/
 - A **worker** holds one episode's interpreter state and runs each cell in a child ``C`` (rlimits, own process
   group, wall-clock kill); when the cell finishes, ``C`` becomes the worker, so state carries across cells
   exactly, and a cell that crashes, hangs or exits leaves the pre-cell worker in charge. A cell that leaves a
-  thread running is not committed.
+  thread running is not committed. An idle worker forks ``C`` before the cell comes (``prefork``: after a
+  start, a restore and the sweep that follows a cell), so a cell does not wait for the fork of the
+  interpreter; between cells, signals wait, so no handler a cell installed runs in the worker or in ``C``.
 - A **native snapshot** is a frozen fork ``F`` of the worker; restoring forks ``F`` again (in the same
   lineage). A **replay** snapshot is the list of committed cells; restoring it re-runs them in a new lineage.
   A snapshot whose frozen fork is gone (killed, stopped, dead), or whose files differ from the digest the
@@ -538,6 +540,14 @@ def _spawn_from(frozen: _Frozen, workdir: str, deadline: float) -> tuple[socket.
     return ours, writer[0]
 
 
+def _prefork(sock: socket.socket, limits: SandboxLimits) -> None:
+    """Let an idle worker fork the next cell's process now, off that cell's path, and set its ``limits``. Asked
+    when no sweep can come before the cell (a sweep kills the worker's descendants); no reply: a worker that
+    cannot fork now forks at the cell."""
+    with contextlib.suppress(OSError):
+        wire.send(sock, {"op": "prefork", "limits": asdict(limits)}, deadline=time.monotonic() + _EXEC_GRACE_S)
+
+
 class _Frozen:
     """OS resources of a native snapshot: the frozen process's channel, its lineage, its directory copy and
     that copy's digest (taken by the supervisor when the snapshot was made)."""
@@ -579,10 +589,12 @@ class PythonSandbox:
     ``isolation``: "jail" (default), or a weaker level asked for by name (see the module docstring).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, user: str | None = "nobody", isolation: str = "jail"):
+    def __init__(self, limits: SandboxLimits | None = None, user: str | None = "nobody", isolation: str = "jail",
+                 prefork: bool = True):
         if isolation not in ISOLATIONS:
             raise ConfigError(f"expected isolation in {ISOLATIONS}, got {isolation!r}")
         self.limits, self.user, self.isolation = limits or SandboxLimits(), user, isolation
+        self.prefork = prefork  # an idle worker forks the next cell's process before the cell comes
         self.cells: list[str] = []  # committed cells, in order (the portable state)
         self._key = next(_keys)
         self._sock: socket.socket | None = None
@@ -626,6 +638,8 @@ class PythonSandbox:
             workdir = lineage.path("w", key)
             until = min(deadline or math.inf, time.monotonic() + _SPAWN_S)
             got = _spawn_from(frozen, workdir, until)
+            if got is not None and self.prefork:
+                _prefork(got[0], self.limits)  # it forks the first cell's process while its files are digested
             if got is not None and lineage.digest(workdir, until) != frozen.digest:
                 got[0].close()  # not attached: the next sweep kills it
                 lineage.sweep(remove=workdir)
@@ -647,6 +661,8 @@ class PythonSandbox:
             key = next(_keys)
             workdir = lineage.path("w", key)
             got = lineage.start(workdir)
+            if self.prefork:
+                _prefork(got[0], self.limits)
         sock, pid = got
         lineage.attach(self._key, "worker", pid)
         self._sock, self._pid, self._workdir, self._lineage = sock, pid, workdir, lineage
@@ -698,8 +714,9 @@ class PythonSandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, code: str) -> CellResult:
-        """Execute ``code`` in the episode's namespace. Never raises on model input.
+    def run(self, code: str, more: bool = True) -> CellResult:
+        """Execute ``code`` in the episode's namespace. Never raises on model input. ``more=False`` says that
+        no cell follows before a snapshot, restore or close (the worker then forks no process for the next one).
 
         One call waits at most: the worker's start (a new lineage, _LINEAGE_START_S, or a restore, _SPAWN_S), the
         re-run of earlier cells (``limits.replay_s``), the cell (``timeout_s`` + _EXEC_GRACE_S) and the sweep of
@@ -711,7 +728,7 @@ class PythonSandbox:
         if self._sock is None:
             return CellResult(f"Crashed: the sandbox's worker ended while its state was rebuilt ({note}); the cell "
                               "was not run.", "crashed", False)
-        result = self._exec(code)
+        result = self._exec(code, more=more)
         if result is None:  # the worker died, stopped answering or overran: rebuilt at the next cell
             self.close()
             how = ("by forking the snapshot it was restored from and re-running the cells after it"
@@ -727,7 +744,8 @@ class PythonSandbox:
             result = CellResult(f"{result.output}[note: {note}]\n", result.status, result.committed)
         return result
 
-    def _exec(self, code: str, deadline: float | None = None, sweep: bool = True) -> CellResult | None:
+    def _exec(self, code: str, deadline: float | None = None, sweep: bool = True,
+              more: bool = True) -> CellResult | None:
         """One cell in the current worker, all of it (reply included) within its timeout + _EXEC_GRACE_S (and by
         ``deadline``); None if the worker is gone, misbehaves or overruns."""
         assert self._sock is not None and self._lineage is not None
@@ -751,6 +769,8 @@ class PythonSandbox:
             self._lineage.attach(self._key, "worker", writer[0])
         if sweep:
             self._lineage.sweep(idle=self._key)  # nothing a cell started outlives it
+            if more and self.prefork:
+                _prefork(self._sock, self.limits)
         output = reply.get("output")
         output = output if isinstance(output, str) else ""
         if len(output) > self.limits.max_output_chars + 400:

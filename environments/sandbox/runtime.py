@@ -168,6 +168,14 @@ def _execute(code: str, namespace: dict[str, Any], limits: dict[str, Any]) -> tu
     return cap.text(), status
 
 
+_RLIMIT_KEYS = ("cpu_s", "memory_bytes", "file_bytes", "processes", "open_files")
+
+
+def _rlimits(limits: Any) -> tuple[Any, ...] | None:
+    """The part of a cell's limits that ``_set_limits`` applies (None if ``limits`` is not a mapping)."""
+    return tuple(limits.get(k) for k in _RLIMIT_KEYS) if isinstance(limits, dict) else None
+
+
 def _set_limits(limits: dict[str, Any]) -> None:
     import resource
 
@@ -201,6 +209,7 @@ class _Runtime:
 
     def __init__(self, namespace: dict[str, Any]):
         self.ns = namespace
+        self.standby: tuple[int, socket.socket] | None = None  # (pid, channel) of the next cell's process
 
     def fork(self) -> int:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a cell may have tampered with it
@@ -215,6 +224,9 @@ class _Runtime:
     def serve(self, sock: socket.socket) -> None:
         """Answer the host's requests on ``sock`` until it closes. Never returns."""
         while True:
+            # No handler a cell installed runs here between cells (nor in the standby cell process, which would
+            # then miss its effects): signals wait, and a cell process unblocks them for its own run.
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
             # children a cell left are killed by the supervisor's sweep when the cell ends: reap them
             signal.signal(signal.SIGCHLD, signal.SIG_IGN)
             _reap_zombies()
@@ -225,6 +237,8 @@ class _Runtime:
             op = msg.get("op")
             if op == "exec":
                 sock = self._exec(sock, str(msg.get("code", "")), msg.get("limits", {}))
+            elif op == "prefork":
+                sock = self._prefork(sock, msg.get("limits", {}))  # no reply: the host does not wait for it
             elif op == "snapshot" and fds:
                 self._snapshot(sock, socket.socket(fileno=fds[0]), str(msg.get("dir")))
             else:
@@ -232,42 +246,55 @@ class _Runtime:
                     os.close(fd)
                 wire.send(sock, {"error": f"unknown request {op!r}"})
 
-    def _exec(self, host: socket.socket, code: str, limits: dict[str, Any]) -> socket.socket:
+    def _prefork(self, host: socket.socket, limits: dict[str, Any]) -> socket.socket:
+        """Fork the next cell's process now, while the host is busy elsewhere, so that a cell does not wait for
+        the fork of this interpreter. The host asks only once the sweep after the previous cell is done (that
+        sweep kills every descendant of this worker). A fork refused here is tried again by the cell."""
+        if self.standby is not None:
+            return host
         mine, theirs = socket.socketpair()
         try:
             pid = self.fork()
-        except OSError as exc:  # the lineage's process limit (a cell's children may hold it): this worker stays
+        except OSError:
             mine.close()
             theirs.close()
-            wire.send(host, {"output": f"Crashed: the cell could not start ({exc.strerror}: the lineage's process "
-                                       "limit); earlier state is intact.", "status": "crashed", "committed": False})
             return host
-        if pid == 0:  # the cell child
+        if pid == 0:  # the standby: waits for its cell, holding this worker's state
             mine.close()
-            os.close(host.detach())  # the cell gets the host channel back only if it finishes
+            os.close(host.detach())
             os.setpgid(0, 0)
             kernel.set_pdeathsig(signal.SIGKILL)
-            _set_limits(limits)
-            output, status = _execute(code, self.ns, limits)
-            with contextlib.suppress(OSError):
-                wire.send(theirs, {"output": output, "status": status, "threads": kernel.threads_of_self()})
-            fds: list[int] = []
-            commit = wire.recv(theirs, None, fds)
-            if commit is None or not fds:
+            _set_limits(limits)  # the cell's limits, set ahead too (set again if the cell brings others)
+            request = wire.recv(theirs, None)
+            if request is None:
                 os._exit(0)
-            kernel.set_pdeathsig(0)
-            import resource
-
-            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-            resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))  # room for the worker's own bookkeeping
-            new_host = socket.socket(fileno=fds[0])
-            wire.send(theirs, {"ack": True})
-            theirs.close()
-            # This process is the worker now: it answers, so the kernel stamps the reply with its pid.
-            wire.send(new_host, {"output": str(commit.get("output", "")), "status": str(commit.get("status")),
-                                 "committed": True})
-            return new_host
+            cell_limits = request.get("limits", {})
+            return self._cell(theirs, str(request.get("code", "")), cell_limits,
+                              set_limits=_rlimits(cell_limits) != _rlimits(limits))
         theirs.close()
+        self.standby = (pid, mine)
+        return host
+
+    def _exec(self, host: socket.socket, code: str, limits: dict[str, Any]) -> socket.socket:
+        pid, mine = self._take_standby(code, limits)
+        if pid == 0:  # no standby could take the cell: fork its process now
+            mine, theirs = socket.socketpair()
+            try:
+                pid = self.fork()
+            except OSError as exc:  # the lineage's process limit (a cell's children may hold it): this worker stays
+                mine.close()
+                theirs.close()
+                wire.send(host, {"output": f"Crashed: the cell could not start ({exc.strerror}: the lineage's "
+                                           "process limit); earlier state is intact.", "status": "crashed",
+                                 "committed": False})
+                return host
+            if pid == 0:  # the cell child
+                mine.close()
+                os.close(host.detach())  # the cell gets the host channel back only if it finishes
+                os.setpgid(0, 0)
+                kernel.set_pdeathsig(signal.SIGKILL)
+                return self._cell(theirs, code, limits)
+            theirs.close()
         deadline = time.monotonic() + float(limits.get("timeout_s", 10.0))
         result = wire.recv(mine, deadline)
         threads = result.get("threads", 1) if result is not None else 1
@@ -305,6 +332,50 @@ class _Runtime:
                          "committed": False})
         return host
 
+    def _take_standby(self, code: str, limits: dict[str, Any]) -> tuple[int, socket.socket | None]:
+        """Hand the cell to the standby process; (0, None) if there is none or it is gone."""
+        if self.standby is None:
+            return 0, None
+        pid, mine = self.standby
+        self.standby = None
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # from here its exit status is ours to read
+        try:
+            os.waitpid(pid, os.WNOHANG)  # raises if it was reaped while this worker ignored SIGCHLD
+            wire.send(mine, {"code": code, "limits": limits})  # it waits in recv: read at once
+            return pid, mine
+        except OSError:
+            mine.close()
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            return 0, None
+
+    def _cell(self, theirs: socket.socket, code: str, limits: dict[str, Any], set_limits: bool = True) -> socket.socket:
+        """In the cell's own process: run ``code`` under the cell's limits, report to the worker on ``theirs``,
+        and, if told to commit, become the worker; returns the host channel it then serves."""
+        if set_limits:
+            _set_limits(limits)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())  # the cell's own handlers run in its own process
+        output, status = _execute(code, self.ns, limits)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        with contextlib.suppress(OSError):
+            wire.send(theirs, {"output": output, "status": status, "threads": kernel.threads_of_self()})
+        fds: list[int] = []
+        commit = wire.recv(theirs, None, fds)
+        if commit is None or not fds:
+            os._exit(0)
+        kernel.set_pdeathsig(0)
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))  # room for the worker's own bookkeeping
+        new_host = socket.socket(fileno=fds[0])
+        wire.send(theirs, {"ack": True})
+        theirs.close()
+        # This process is the worker now: it answers, so the kernel stamps the reply with its pid.
+        wire.send(new_host, {"output": str(commit.get("output", "")), "status": str(commit.get("status")),
+                             "committed": True})
+        return new_host
+
     def _snapshot(self, host: socket.socket, channel: socket.socket, directory: str) -> None:
         try:
             _copy_into(".", directory)
@@ -320,11 +391,17 @@ class _Runtime:
             return
         if pid == 0:
             host.close()
+            self._drop_standby()  # the worker's, not this process's child
             os.setpgid(0, 0)
             wire.send(channel, {"frozen": True})  # stamped by the kernel with this process's pid
             self.freeze(channel, directory)
         channel.close()
         wire.send(host, {"ok": True})
+
+    def _drop_standby(self) -> None:
+        if self.standby is not None:
+            self.standby[1].close()
+            self.standby = None
 
     def freeze(self, sock: socket.socket, directory: str) -> None:
         """Serve spawn requests: each forks a worker holding this process's state. Never returns."""
@@ -477,10 +554,31 @@ def _sweep(namespaces: bool, workers: set[int], alone: set[int]) -> None:
         doomed = [p for p in parents if p not in keep]
         if not doomed:
             return
+        exits = []
         for p in doomed:
             with contextlib.suppress(OSError):
+                exits.append(os.pidfd_open(p))
+            with contextlib.suppress(OSError):
                 os.kill(p, signal.SIGKILL)
-        time.sleep(0.001)
+        _wait_exits(exits, time.monotonic() + 0.05)  # then look again: one may have forked before its kill
+
+
+def _wait_exits(pidfds: list[int], deadline: float) -> None:
+    """Wait until every process behind ``pidfds`` has exited (a pidfd turns readable), or ``deadline``; closes them."""
+    import select
+
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    left = set(pidfds)
+    try:
+        while left and (wait := deadline - time.monotonic()) > 0:
+            for fd, _ in poller.poll(max(1, int(wait * 1000))):
+                poller.unregister(fd)
+                left.discard(fd)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
 
 
 def _own_name(name: Any) -> str | None:

@@ -41,7 +41,7 @@ def test_closed_and_reset_episodes_leave_no_process(isolation):
 
 def test_a_released_snapshot_is_swept_by_the_next_cell():
     start_template()
-    with PythonSandbox() as box:
+    with PythonSandbox(prefork=False) as box:  # an exact count: no cell process forked ahead
         box.run("x = 1")
         kept, released = box.snapshot(native=True), box.snapshot(native=True)
         assert len(sandbox_processes()) == 4  # supervisor, worker, two frozen forks

@@ -1,0 +1,136 @@
+"""The cell process an idle worker forks ahead of the cell: a cell runs in it, nothing else does, and it goes
+with the worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.environments.sandbox.leaks import settled
+from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, start_template
+
+LIMITS = SandboxLimits(timeout_s=10)
+
+
+def children(pid: int) -> list[int]:
+    """Live (non-zombie) children of ``pid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] not in "ZX":
+            found.append(int(entry.name))
+    return found
+
+
+def standby_of(box: PythonSandbox, wait_s: float = 10.0) -> int:
+    """The one child the idle worker forked for the next cell (waits for the fork: it is asked, not awaited)."""
+    assert box.pid is not None
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        kids = children(box.pid)
+        if len(kids) == 1:
+            return kids[0]
+        time.sleep(0.01)
+    raise AssertionError(f"expected the idle worker {box.pid} to have forked one cell process, got {children(box.pid)}")
+
+
+@pytest.fixture(autouse=True)
+def no_leak():
+    start_template()
+    yield
+    assert settled() == []
+
+
+def test_the_next_cell_runs_in_the_process_forked_before_it():
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 1")
+        ahead = standby_of(box)
+        result = box.run("x += 1\nx")
+        assert result.output == "2\n" and result.committed
+        assert box.pid == ahead  # the kernel's word for the committing process: the one forked ahead
+        assert standby_of(box) != ahead  # and the new worker forks the next one
+
+
+def test_a_restored_worker_forks_its_first_cell_process_before_the_cell():
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 41")
+        snap = box.snapshot()
+        restored = PythonSandbox(LIMITS)
+        restored.restore(snap)
+        restored._start()
+        ahead = standby_of(restored)
+        assert restored.run("x + 1").output == "42\n" and restored.pid == ahead
+        restored.close()
+        snap.release()
+
+
+def test_without_prefork_a_worker_forks_at_the_cell():
+    with PythonSandbox(LIMITS, prefork=False) as box:
+        box.run("x = 1")
+        time.sleep(0.2)
+        assert box.pid is not None and children(box.pid) == []
+        assert box.run("x += 1\nx").output == "2\n"
+
+
+def test_no_cell_process_is_forked_when_no_cell_follows():
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 1", more=False)
+        time.sleep(0.2)
+        assert box.pid is not None and children(box.pid) == []
+
+
+def test_a_cell_that_crashes_in_the_forked_process_leaves_the_worker_and_its_state():
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 1")
+        worker = box.pid
+        standby_of(box)
+        result = box.run("import os\nx = 2\nos._exit(3)")
+        assert result.status == "crashed" and not result.committed and "status 3" in result.output
+        assert box.pid == worker and box.run("x").output == "1\n"
+
+
+def test_a_standby_killed_while_idle_is_replaced_by_a_fork_at_the_cell():
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 1")
+        os.kill(standby_of(box), signal.SIGKILL)
+        time.sleep(0.1)
+        result = box.run("x += 1\nx")
+        assert result.output == "2\n" and result.committed
+
+
+def test_a_handler_a_cell_installed_never_runs_in_the_worker_between_cells():
+    # A signal sent to the idle worker waits (blocked): the handler, model code, runs in no process outside a
+    # cell, so the worker and the process forked ahead hold the same state.
+    with PythonSandbox(LIMITS) as box:
+        box.run("import signal\nhits = []\nsignal.signal(signal.SIGUSR1, lambda *a: hits.append(1))")
+        standby_of(box)
+        assert box.pid is not None
+        os.kill(box.pid, signal.SIGUSR1)
+        time.sleep(0.1)
+        assert box.run("len(hits)").output == "0\n"
+
+
+def test_a_cell_still_gets_its_own_signals():
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 0")
+        out = box.run("import signal, time\nhits = []\nsignal.signal(signal.SIGALRM, lambda *a: hits.append(1))\n"
+                      "signal.setitimer(signal.ITIMER_REAL, 0.01)\ntime.sleep(0.5)\nlen(hits)")
+        assert out.output == "1\n"
+
+
+def test_closing_ends_the_process_forked_ahead():
+    box = PythonSandbox(LIMITS)
+    box.run("x = 1")
+    ahead = standby_of(box)
+    box.close()
+    assert ahead not in settled() and settled() == []
