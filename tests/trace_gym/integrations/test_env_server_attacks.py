@@ -262,6 +262,12 @@ def test_a_body_of_many_small_values_is_refused_before_it_is_parsed(server, payl
     assert env.step('{[",' * 7_000)[0]
 
 
+def test_a_refused_field_is_not_echoed_back_whole(server):
+    body = json.dumps({"index": 0, "data_path": "x" * 500_000}).encode()
+    answer = post(server.url, "/reset", body, {"Host": local_host(server.url), "Content-Type": "application/json"})
+    assert status_of(answer) == 422 and b"extra_forbidden" in answer and len(answer) < 2_000
+
+
 def test_items_are_counted_outside_strings_and_in_one_pass():
     # three braces, four strings (one holding brackets, commas and an escaped quote), one comma
     assert json_items(b'{"action": {"message": "a, {b} [c] \\" ,", "metadata": {}}}') == 8
