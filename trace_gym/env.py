@@ -343,6 +343,9 @@ class ToolEnv(TextEnv):
     system_prompt: str = "You are a helpful assistant that solves the task step by step, using tools."
     """The task's instructions. ``system_message()`` appends the tool instructions to it (see
     ``tool_instructions``)."""
+    native_prompt: str | None = None
+    """The task's instructions for a model that calls the tools natively, when they differ from ``system_prompt``
+    (one that names the text format's answer tag, say); ``native_system_message()`` uses it."""
     compact_prompt: str | None = None
     """The whole system message in the tag format, when set: small models pay for every prompt token of every
     episode, and the generic tool instructions can be most of an episode's tokens."""
@@ -401,12 +404,15 @@ class ToolEnv(TextEnv):
         `NATIVE_INSTRUCTIONS`, which say that a reply without a tool call is the final answer. What a subclass adds
         around the base's message is kept."""
         text = self.system_message()
-        if not self.tool_instructions:
-            return text
-        instructions = self.parser.instructions(list(self.tool_map.values()))
-        if instructions in text:
-            return text.replace(instructions, NATIVE_INSTRUCTIONS, 1)
-        return self.system_prompt + "\n\n" + NATIVE_INSTRUCTIONS  # the compact prompt teaches the tag format
+        if self.tool_instructions:
+            instructions = self.parser.instructions(list(self.tool_map.values()))
+            if instructions in text:
+                text = text.replace(instructions, NATIVE_INSTRUCTIONS, 1)
+            else:  # the compact prompt teaches the tag format
+                text = self.system_prompt + "\n\n" + NATIVE_INSTRUCTIONS
+        if self.native_prompt is not None:
+            text = text.replace(self.system_prompt, self.native_prompt, 1)
+        return text
 
     def begin(self, task: Task) -> str:
         """Start ``task`` with the system message (``system_message()``) and the task prompt."""

@@ -252,6 +252,8 @@ class ChainEnv(ToolEnv):
 
     system_prompt = ("Compute the chain with the calc tool, one statement per call, copying each result into "
                      "the next call; then reply <answer>the number</answer>.")
+    native_prompt = ("Compute the chain with the calc tool, one statement per call, copying each result into the "
+                     "next call; then reply with the number.")
     compact_prompt = "Use <calc> per step, then <answer>."
 
     def __init__(self, config: ChainConfig | Mapping[str, Any] | None = None, n_tasks: int = 2000,

@@ -52,6 +52,8 @@ SYSTEM_PROMPT = ("Solve the math problem. You can run Python with the python too
                  "imports persist between calls, and math, numpy (np), sympy (sp) and fractions are already "
                  "imported. Print what you need to see. Give only the final answer (a number or a LaTeX "
                  "expression) inside <answer></answer>, or as \\boxed{answer} in a reply without a tool call.")
+NATIVE_PROMPT = SYSTEM_PROMPT[: SYSTEM_PROMPT.index(" Give only")] + (
+    " Give only the final answer (a number or a LaTeX expression), as \\boxed{answer} or alone.")
 # The loader's field names and the column names each is found under (compared without case, '_' or spaces).
 FIELD_NAMES: dict[str, tuple[str, ...]] = {
     "problem": ("problem", "question", "prompt", "input"),
@@ -173,6 +175,7 @@ class MathEnv(ToolEnv):
     """A math problem, a Python tool, an answer checked by math-verify/sympy. Binary reward."""
 
     system_prompt = SYSTEM_PROMPT
+    native_prompt = NATIVE_PROMPT
     boxed_answers = True
     """Whether a turn without a tool call that writes ``\\boxed{...}`` answers (the prompt says so)."""
 
@@ -250,6 +253,7 @@ class ArithmeticEnv(MathEnv):
                      "<answer>the number</answer>.")
     # Every token of it is in every episode the tiny model trains on (a third of an episode with the longer
     # "Run <python>print(expression)</python>, then reply <answer>the number</answer>.").
+    native_prompt = "Compute the answer. Run Python with the python tool, read the output, then reply with the number."
     compact_prompt = "Use <python>, then <answer>."
     boxed_answers = False  # the prompt asks for <answer> only
 

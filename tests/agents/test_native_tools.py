@@ -80,7 +80,7 @@ def test_the_native_system_message_teaches_no_text_tool_format(fmt):
     assert len(systems) == 1
     (system,) = systems
     assert NATIVE_INSTRUCTIONS in system
-    assert not any(m in system for m in ("<tools>", "<tool_call>", "<python>"))
+    assert not any(m in system for m in ("<tools>", "<tool_call>", "<python>", "<answer>"))
     _, text_requests = _play("text", "text", {"n_tasks": 8, "max_turns": 3, "action_format": fmt})
     assert "<python>" in text_requests[0]["body"]["messages"][0]["content"] or fmt == "hermes"
 

@@ -123,3 +123,27 @@ def test_the_native_system_message_drops_the_text_format_and_keeps_a_subclass_ad
         assert NATIVE_INSTRUCTIONS in native and "<tool_call>" not in native and "<lookup>" not in native
         assert native.startswith(Noted.system_prompt)
     assert Noted().native_system_message().endswith(" Be brief.")
+
+
+def test_a_native_prompt_replaces_the_task_instructions_for_native_calls_only() -> None:
+    class Tagged(Lookup):
+        system_prompt = "Look it up, then reply <answer>the value</answer>."
+        native_prompt = "Look it up, then reply with the value."
+
+    env = Tagged()
+    assert env.system_message().startswith(Tagged.system_prompt)
+    native = env.native_system_message()
+    assert native.startswith(Tagged.native_prompt) and "<answer>" not in native
+
+
+@pytest.mark.parametrize("env_id", ["trace/Arithmetic-v0", "trace/ArithmeticChain-v0", "trace/Math-v0",
+                                    "trace/HotpotQA-v0"])
+def test_no_bundled_env_names_a_text_tag_to_a_model_that_calls_natively(env_id: str) -> None:
+    from trace_gym.env_specs import make_env
+
+    env = make_env(env_id)
+    try:
+        native = env.unwrapped.native_system_message()
+    finally:
+        env.close()
+    assert not any(tag in native for tag in ("<answer>", "</answer>", "<tool_call>", "<python>", "<calc>"))
