@@ -466,12 +466,19 @@ class _Lineage:
                 self.end()
             return done
 
-    def sweep(self, idle: int | None = None, remove: str | None = None) -> None:
+    def sweep(self, idle: int | None = None, remove: str | None = None, spare: int | None = None) -> None:
         """Ask the supervisor to kill every process of the lineage but the holders (and the descendants of
-        workers other than ``idle``, whose cell has just ended), and to remove the directory ``remove``."""
+        workers other than ``idle``, whose cell has just ended), and to remove the directory ``remove``.
+        ``spare``: a worker that has just handed over to its committed cell and is exiting by itself; this sweep
+        neither kills it nor waits for its exit (the cell's reply and the next cell need not wait for the
+        unmapping of an interpreter), the next one does if it is still there."""
         with self.lock:
             fds, kinds = [], []
-            for key, (kind, pid) in self.holders.items():
+            pids = [(kind, pid) for kind, pid in self.holders.values()]
+            keys = list(self.holders)
+            for key, (kind, pid) in zip([*keys, None], [*pids, ("alone", spare)]):
+                if pid is None:
+                    continue
                 with contextlib.suppress(OSError):
                     fds.append(os.pidfd_open(pid))  # a stale pid names nothing in the lineage: ignored there
                     kinds.append("alone" if key == idle else kind)
@@ -764,11 +771,12 @@ class PythonSandbox:
         reply = wire.recv(self._sock, own, writer=writer)
         if reply is None:
             return None
+        previous = self._pid
         if writer and writer[0] > 0:  # after a commit the cell's process is the worker: the kernel says which
             self._pid = writer[0]
             self._lineage.attach(self._key, "worker", writer[0])
-        if sweep:
-            self._lineage.sweep(idle=self._key)  # nothing a cell started outlives it
+        if sweep:  # nothing a cell started outlives it
+            self._lineage.sweep(idle=self._key, spare=previous if self._pid != previous else None)
             if more and self.prefork:
                 _prefork(self._sock, self.limits)
         output = reply.get("output")

@@ -265,6 +265,9 @@ class _Runtime:
             os.setpgid(0, 0)
             kernel.set_pdeathsig(signal.SIGKILL)
             _set_limits(limits)  # the cell's limits, set ahead too (set again if the cell brings others)
+            # A cell of no effect, in a namespace of its own: the pages any cell's run writes are copied now,
+            # not while the cell waits.
+            _execute("None", {"__builtins__": __builtins__}, limits)
             request = wire.recv(theirs, None)
             if request is None:
                 os._exit(0)
@@ -303,8 +306,12 @@ class _Runtime:
             status = "error" if result.get("status") == "error" else "ok"
             wire.send(mine, {"commit": True, "output": output if isinstance(output, str) else "", "status": status},
                       [host.fileno()])
-            if wire.recv(mine, time.monotonic() + 10.0) is not None:
-                os._exit(0)  # the child holds the new state and the host channel
+            # The child holds the new state and the host channel, and may have answered the host already: this
+            # process never answers again. Without the child's word that it took over, it is killed.
+            if wire.recv(mine, time.monotonic() + 10.0) is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            os._exit(0)
         timed_out = result is None and time.monotonic() >= deadline
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -369,11 +376,12 @@ class _Runtime:
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))  # room for the worker's own bookkeeping
         new_host = socket.socket(fileno=fds[0])
-        wire.send(theirs, {"ack": True})
-        theirs.close()
-        # This process is the worker now: it answers, so the kernel stamps the reply with its pid.
+        # This process is the worker now: it answers (so the kernel stamps the reply with its pid), and only then
+        # tells the old worker, whose exit would otherwise delay the answer.
         wire.send(new_host, {"output": str(commit.get("output", "")), "status": str(commit.get("status")),
                              "committed": True})
+        wire.send(theirs, {"ack": True})
+        theirs.close()
         return new_host
 
     def _snapshot(self, host: socket.socket, channel: socket.socket, directory: str) -> None:

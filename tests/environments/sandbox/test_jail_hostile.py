@@ -232,7 +232,7 @@ def test_process_limits_are_per_sandbox() -> None:
 def test_nothing_a_cell_starts_outlives_the_cell() -> None:
     # A daemon (double fork + setsid), a plain child, a process that burns CPU: each is gone when its cell
     # returns, and so is a thread the cell left (the cell is not committed).
-    box = PythonSandbox(LIMITS)
+    box = PythonSandbox(LIMITS, prefork=False)  # exact counts: no cell process forked ahead (test_prefork.py)
     box.run("1")
     baseline = sandbox_processes()  # the supervisor and the worker
     daemon = HOOK_OFF + ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"

@@ -134,3 +134,18 @@ def test_closing_ends_the_process_forked_ahead():
     ahead = standby_of(box)
     box.close()
     assert ahead not in settled() and settled() == []
+
+
+def test_a_daemon_started_in_the_forked_process_goes_with_its_cell():
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 1")
+        standby_of(box)
+        before = sorted(settled(0.0))
+        box.run("import sys\nsys.modules['__main__']._Guard.untrusted = False\nimport os, time\n"
+                "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(600)\n"
+                "    os._exit(0)\ntime.sleep(0.2)")
+        standby_of(box)  # the new worker's, forked after the sweep
+        end = time.monotonic() + 5
+        while len(settled(0.0)) != len(before) and time.monotonic() < end:  # the old worker exits by itself
+            time.sleep(0.01)
+        assert len(settled(0.0)) == len(before)  # supervisor, worker, its forked cell process: no daemon
