@@ -47,7 +47,7 @@ TYPICAL = {
 SYMBOLIC = [pair for name, pair in TYPICAL.items() if "(sympy)" in name]
 GOLDS = ["18", "\\frac{14}{3}", "\\left( 3, \\frac{\\pi}{2} \\right)"]
 HOST_CLASSES = ("anagram", "near_value", "chain")  # decided without the jail: every bundled gold
-JAIL_CLASSES = ("approximation", "hedge")          # a seeded sample of golds
+JAIL_CLASSES = ("approximation", "hedge", "endpoints")  # a seeded sample of golds
 
 
 def _span(values: list[float], scale: float = 1.0, digits: int = 1) -> str:

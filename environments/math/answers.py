@@ -92,6 +92,9 @@ def format_gold(value: Any) -> str:
     return str(value).strip()
 
 
+_GROUPED = re.compile(r"(?:[a-zA-Z]\s*=\s*)?-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # a number with thousands separators
+
+
 def _drop_units(s: str) -> str:
     s = s.strip().strip("$").strip()
     s = re.sub(_TEXT + r"\{\s*" + _UNIT_WORDS + r"\s*\}", "", s)
@@ -106,8 +109,10 @@ def normalize(s: str) -> str:
                      ("dfrac", "frac"), ("tfrac", "frac"), ("^\\circ", ""), ("^{\\circ}", ""), ("\\%", ""),
                      ("%", ""), ("\\$", ""), ("\\displaystyle", "")):
         s = s.replace(old, new)
+    grouped = _GROUPED.fullmatch(s.strip())  # 1,000 -> 1000; not the tuple "1,2", nor "(20,100)" or "20, 100"
     s = re.sub(r"\s+", "", s)
-    s = re.sub(r"(?<=\d),(?=\d{3}(?:\D|$))", "", s)  # 1,000 -> 1000 (not the tuple "1,2")
+    if grouped:
+        s = s.replace(",", "")
     s = s.rstrip(".")
     if re.fullmatch(r"[a-zA-Z]=.+", s) and "," not in s:
         s = s[2:]  # "x=5" -> "5"

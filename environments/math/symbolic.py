@@ -50,8 +50,23 @@ def math_verify_equal(gold: str, pred: str) -> tuple[bool, str, str]:
     p = [_exact(x) for x in parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)]  # type: ignore[arg-type]
     if not g or not p:
         return False, str(g[0])[:400] if g else "", str(p[0])[:400] if p else ""
-    ok = bool(verify(g, p, timeout_seconds=None))
+    # math-verify compares an interval or an ordered pair with the set of its elements as equal: the gold
+    # (-\sqrt{3}, \sqrt{3}) would pay \pm\sqrt{3}, and (8/5, -35/2) would pay \{-35/2, 8/5\}. An ordered form
+    # answers only an ordered form, a set only a set.
+    ok = _family(g[0]) == _family(p[0]) and bool(verify(g, p, timeout_seconds=None))
     return ok, str(g[0])[:400], str(p[0])[:400]
+
+
+def _family(expr: Any) -> str:
+    """"ordered" (an interval, a union of them, a tuple), "set" (a finite set), else "other"; also as the right
+    side of ``x = ...`` or ``x \\in ...``."""
+    import sympy
+
+    if isinstance(expr, sympy.Eq | sympy.Contains):
+        expr = expr.args[1]
+    if isinstance(expr, sympy.Interval | sympy.Union | sympy.Tuple | tuple):
+        return "ordered"
+    return "set" if isinstance(expr, sympy.FiniteSet) else "other"
 
 
 def _apart(a: Any, b: Any) -> Any:

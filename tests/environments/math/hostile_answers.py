@@ -209,9 +209,18 @@ def _wrong(gold: str) -> str:
     return "0" if normalize(gold) != "0" else "1"
 
 
+def _interval_ends(gold: str) -> tuple[str, str] | None:
+    """The two ends of a gold written as one interval, ``(a, b)``, ``[a, b)`` (with ``\\left``/``\\right``), else
+    None. An ordered pair reads the same: its coordinates as a set are not the pair either."""
+    g = re.sub(r"\\(?:left|right)\s*", "", gold.strip())
+    m = re.fullmatch(r"[(\[]([^()\[\],]+),([^()\[\],]+)[)\]]", g)
+    return (m.group(1).strip(), m.group(2).strip()) if m else None
+
+
 def against(gold: str) -> dict[str, list[str]]:
     """Hostile answers derived from ``gold``, by class (a class that does not apply to this gold is empty)."""
-    out: dict[str, list[str]] = {"anagram": [], "near_value": [], "approximation": [], "chain": [], "hedge": []}
+    out: dict[str, list[str]] = {"anagram": [], "near_value": [], "approximation": [], "chain": [], "hedge": [],
+                                 "endpoints": []}
     for word in dict.fromkeys(words(gold)):
         for other in _orders(word):
             swapped = gold.replace(word, other)
@@ -240,6 +249,12 @@ def against(gold: str) -> dict[str, list[str]]:
             out["approximation"] += [_decimal(approx, 7), _decimal(approx, 16), _decimal(approx, 40),
                                      f"\\frac{{{scaled.numerator}}}{{{scaled.denominator}}}",
                                      f"1 + \\frac{{{scaled.numerator - scaled.denominator}}}{{{scaled.denominator}}}"]
+    ends = _interval_ends(gold)
+    if ends is not None:  # the interval's endpoints as a set, a list, or plus-minus: not the interval
+        lo, hi = ends
+        out["endpoints"] += [f"\\{{{lo}, {hi}\\}}", f"{lo}, {hi}", f"x = {lo}, {hi}", f"{lo} \\text{{ and }} {hi}"]
+        if lo.lstrip().startswith("-") and lo.lstrip()[1:].strip() == hi.strip():
+            out["endpoints"] += [f"\\pm {hi}", f"x = \\pm {hi}"]
     wrong = _wrong(gold)
     g = gold.strip()
     out["chain"] += [f"x = {wrong} = {g}", f"{wrong} = {g}", f"x = {g} = {wrong}", f"y = {wrong} = {g}",

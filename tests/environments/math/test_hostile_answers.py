@@ -100,7 +100,7 @@ def test_lookalikes_of_the_gold_in_other_scripts_score_zero(transform) -> None:
 
 def test_the_slow_path_is_stopped_at_its_deadline_with_a_note() -> None:
     # Outside the grammar (a set), so math-verify's parser builds it; comparing it evaluates the tower.
-    reward, info = check_answer("\\{9^{9^{9^{9}}}\\}", "3")
+    reward, info = check_answer("\\{9^{9^{9^{9}}}\\}", "\\{3\\}")
     assert (reward, info["method"]) == (0.0, "timeout") and "counts as wrong" in info["note"]
 
 
@@ -164,7 +164,7 @@ def test_answers_built_from_every_bundled_gold_score_zero(kind: str, golds) -> N
     assert scored == [] and tried > {"anagram": 500, "near_value": 40_000, "chain": 70_000}[kind], scored[:20]
 
 
-@pytest.mark.parametrize("kind", ["approximation", "hedge"])
+@pytest.mark.parametrize("kind", ["approximation", "hedge", "endpoints"])
 def test_answers_built_from_a_sample_of_bundled_golds_score_zero(kind: str, golds) -> None:
     # These reach the jailed check: a seeded sample of the golds the class applies to, from every env.
     import random
@@ -191,7 +191,27 @@ def test_answers_built_from_a_sample_of_bundled_golds_score_zero(kind: str, gold
     ("1.414214", "\\sqrt{2}"),
     ("809", "809.0"),                          # the same value
     ("2880000", "2,880,000"),
+    ("(-\\sqrt{3}, \\sqrt{3})", "\\left(-\\sqrt3,\\sqrt3\\right)"),  # an interval, written as one
+    ("(-\\sqrt{3}, \\sqrt{3})", "x \\in (-\\sqrt{3}, \\sqrt{3})"),
+    ("[1,5)", "x \\in [1, 5)"),
+    ("\\{1, 2\\}", "\\{2, 1\\}"),
 ])
 def test_legitimate_forms_of_words_and_numbers_still_score(gold: str, answer: str) -> None:
     reward, info = check_answer(answer, gold)
     assert reward == 1.0, info
+
+
+@pytest.mark.parametrize(("gold", "answer"), [
+    ("(-\\sqrt{3}, \\sqrt{3})", "\\pm\\sqrt{3}"),     # MATH-500 algebra/1078: the interval, not its endpoints
+    ("(-\\sqrt{3}, \\sqrt{3})", "-\\sqrt{3}, \\sqrt{3}"),
+    ("(-\\sqrt{3}, \\sqrt{3})", "x = -\\sqrt{3}, \\sqrt{3}"),
+    ("(2,\\infty)", "2, \\infty"),
+    ("(5,\\infty)", "\\{5, \\infty\\}"),
+    ("\\{1, 2\\}", "(1, 2)"),                        # and a set is not the interval between its elements
+    ("\\left( \\frac{8}{5}, -\\frac{35}{2} \\right)", "\\{\\frac{8}{5}, -\\frac{35}{2}\\}"),  # a pair is ordered
+    ("(20,100)", "20, 100"),                           # a pair, not the number 20,100
+    ("20100", "20, 100"),                              # a list, not a number with a thousands separator
+])
+def test_an_interval_and_the_set_of_its_endpoints_are_not_equal(gold: str, answer: str) -> None:
+    reward, info = check_answer(answer, gold)
+    assert reward == 0.0, info

@@ -60,7 +60,7 @@ def test_a_timed_out_check_does_not_spoil_later_checks() -> None:
     # The same pair gives the same verdict after a timeout and after other answers: each check is a fresh
     # restore of the warmed snapshot, not a cell after the previous ones.
     first = check_answer(*GOOD)
-    assert check_answer("\\{9^{9^{9^{9}}}\\}", "3")[1]["method"] == "timeout"
+    assert check_answer("\\{9^{9^{9^{9}}}\\}", "\\{3\\}")[1]["method"] == "timeout"
     check_answer("(x+1)(x-1)", "x^2-1")
     assert check_answer(*GOOD) == first and first[0] == 1.0
 
@@ -180,7 +180,7 @@ def test_an_answer_whose_check_always_crashes_gets_zero_after_a_bounded_number_o
 def test_an_answer_that_spends_the_cpu_budget_gets_zero_without_a_second_run() -> None:
     # A set (outside the grammar) whose comparison evaluates the tower: its CPU time runs out, the answer's fault.
     start = time.monotonic()
-    reward, info = check_answer("\\{9^{9^{9^{9}}}\\}", "3")
+    reward, info = check_answer("\\{9^{9^{9^{9}}}\\}", "\\{3\\}")
     assert (reward, info["method"]) == (0.0, "timeout") and "CPU" in info["note"], info
     assert time.monotonic() - start < jailed.TIMEOUT_S + 30
 

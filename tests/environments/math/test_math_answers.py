@@ -109,5 +109,5 @@ def test_a_hostile_answer_gets_a_zero_with_a_note_within_its_deadline(answer: st
 def test_the_verifier_is_stopped_rather_than_left_running() -> None:
     # A set is outside the grammar (which would refuse the tower at once): math-verify's parser builds it and
     # comparing it with 3 evaluates the tower, until the bounded call is killed.
-    reward, info = check_answer("\\boxed{\\{9^{9^{9^{9}}}\\}}", "3")
+    reward, info = check_answer("\\boxed{\\{9^{9^{9^{9}}}\\}}", "\\{3\\}")
     assert (reward, info["method"]) == (0.0, "timeout") and "counts as wrong" in info["note"]
