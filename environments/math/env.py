@@ -182,11 +182,12 @@ class MathEnv(ToolEnv):
     @staticmethod
     def host_footprint(branching: bool) -> Footprint:
         """Per trajectory at a step's peak (trace_gym.limits): benchmarks/scale.py's figures on three-cell episodes
-        (docs/scale.md: 2.0 processes, 2.5 descriptors, 4.7 MB branching; 0.12, 0.2-0.3, 0.4-1.0 MB flat) with
-        half again as margin."""
+        (docs/scale.md: 2.0 processes, 2.5 descriptors, 4.7-5.5 MB branching; 0.12, 0.2-0.3, 0.4-1.0 MB flat), plus
+        the cell process each idle worker forks ahead (one process and about 1.4 MB per live worker: 0.19
+        processes per trajectory flat), with half again as margin."""
         if branching:
-            return Footprint(processes=3.0, descriptors=4.0, namespaces=1.0, memory_bytes=7 << 20)
-        return Footprint(processes=0.25, descriptors=0.5, namespaces=0.25, memory_bytes=3 << 19)
+            return Footprint(processes=4.5, descriptors=4.0, namespaces=1.0, memory_bytes=11 << 20)
+        return Footprint(processes=0.3, descriptors=0.5, namespaces=0.25, memory_bytes=2 << 20)
 
     def __init__(self, dataset: str = "math500", data_path: Source | None = None, from_hub: bool = False,
                  fields: Fields | None = None, tasks: Sequence[Task] | None = None,
