@@ -93,8 +93,7 @@ class LineageGroups:
                 version, parent = found
                 path = os.path.join(parent, stem)
                 if path not in self.paths:  # cgroup v2: one folder for both controllers
-                    if not self.paths:
-                        _remove_stale(parent)
+                    _remove_stale(parent)  # in each hierarchy (v1 keeps memory and CPU apart)
                     os.mkdir(path)
                     self.paths.append(path)
                 self._configure(controller, version, path, memory_limit)
@@ -121,6 +120,17 @@ class LineageGroups:
         """Move ``pid`` in; its future children are born in the groups."""
         for path in self.paths:
             _write(os.path.join(path, "cgroup.procs"), str(pid))
+
+    def procs(self) -> set[int] | None:
+        """The pids in the groups, in this process's view: the kernel's list of the lineage's processes (a process
+        cannot leave them: the jail has no cgroup file system). None if it cannot be read."""
+        if not self.paths:
+            return None
+        try:
+            with open(os.path.join(self.paths[0], "cgroup.procs")) as f:
+                return {int(pid) for pid in f.read().split()}
+        except (OSError, ValueError):
+            return None
 
     def remove(self) -> bool:
         """Remove the (emptied) groups; the kernel may take a moment to let the last killed process go."""
