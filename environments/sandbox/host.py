@@ -46,7 +46,8 @@ Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and
    the worker is rebuilt at the next cell); output size (truncated with a note).
 3. Ended with the cell: when a cell returns, the supervisor kills every process of the lineage that is not a
    live snapshot, a worker, or a descendant of another sandbox's worker (a cell in flight); a released
-   snapshot's frozen fork exits when its channel closes, and that next sweep makes sure. When the lineage's last
+   snapshot's frozen fork exits when its channel closes, and that next sweep makes sure (the host skips the
+   supervisor's sweep when the lineage's cgroup lists nothing it would kill). When the lineage's last
    sandbox or snapshot goes, its pid 1 is killed (``close()`` returns once the signal is sent; ``reaper.py``
    waits for the lineage to be gone). The host exiting kills the jail (``--die-with-parent``; the template is
    forked by a thread that lives as long as the host process, ``lifetime.py``).
@@ -331,6 +332,16 @@ def _sandbox_env() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- lineages
+def _parent(pid: int) -> int | None:
+    """The parent of ``pid`` in this process's view, from /proc (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _pidfd_pid(fd: int) -> int | None:
     """The pid (in this namespace) behind a pidfd, for inspection only."""
     try:
@@ -373,6 +384,7 @@ class _Lineage:
         self.ctl: socket.socket | None = None
         self.pidfd: int | None = None
         self.groups: cgroups.LineageGroups | None = None
+        self.supervisor: int | None = None  # its pid, where the lineage has cgroups (the sweep's fast path)
         self.ended = False
         self.unswept: list[str] = []  # directories of released snapshots, removed by the next sweep
 
@@ -408,6 +420,7 @@ class _Lineage:
         if any(cgroups.available(c) for c in cgroups.CONTROLLERS):
             # the supervisor and the first worker exist, no cell has run: all the rest is born in the groups
             supervisor = _pidfd_pid(self.pidfd)
+            self.supervisor = supervisor
             try:
                 self.groups = cgroups.LineageGroups(self.name, self.limits.lineage_memory_bytes)
                 for pid in (supervisor, writer[0]):
@@ -473,6 +486,8 @@ class _Lineage:
         neither kills it nor waits for its exit (the cell's reply and the next cell need not wait for the
         unmapping of an interpreter), the next one does if it is still there."""
         with self.lock:
+            if remove is None and self._nothing_to_sweep(idle, spare):
+                return
             fds, kinds = [], []
             pids = [(kind, pid) for kind, pid in self.holders.values()]
             keys = list(self.holders)
@@ -489,6 +504,20 @@ class _Lineage:
             finally:
                 for fd in fds:
                     _close_fd(fd)
+
+    def _nothing_to_sweep(self, idle: int | None, spare: int | None) -> bool:
+        """Whether the kernel's list of the lineage's processes (its cgroup) holds nothing a sweep would kill: only
+        the supervisor, the holders, ``spare``, and children of workers other than ``idle`` (another branch's
+        cell, or the cell process it forked ahead). Then the sweep's round trip to the supervisor is saved; in any
+        other case, or without cgroups, the supervisor sweeps."""
+        if self.groups is None or self.supervisor is None or self.unswept or self.ended:
+            return False
+        procs = self.groups.procs()
+        if procs is None:
+            return False
+        known = {self.supervisor, spare, *(pid for _, pid in self.holders.values())}
+        busy = {pid for key, (kind, pid) in self.holders.items() if kind == "worker" and key != idle}
+        return all(_parent(pid) in busy for pid in procs - known)
 
     def digest(self, path: str, deadline: float | None = None) -> str | None:
         """The supervisor's digest of a directory of the lineage (None if it cannot tell)."""
@@ -596,12 +625,17 @@ class PythonSandbox:
     ``isolation``: "jail" (default), or a weaker level asked for by name (see the module docstring).
     """
 
+    prefork: bool = True
+    """Whether an idle worker forks the next cell's process before the cell comes (one more process per live
+    worker, a cell without the fork's wait); the constructor's ``prefork=`` sets it per sandbox."""
+
     def __init__(self, limits: SandboxLimits | None = None, user: str | None = "nobody", isolation: str = "jail",
-                 prefork: bool = True):
+                 prefork: bool | None = None):
         if isolation not in ISOLATIONS:
             raise ConfigError(f"expected isolation in {ISOLATIONS}, got {isolation!r}")
         self.limits, self.user, self.isolation = limits or SandboxLimits(), user, isolation
-        self.prefork = prefork  # an idle worker forks the next cell's process before the cell comes
+        if prefork is not None:
+            self.prefork = prefork
         self.cells: list[str] = []  # committed cells, in order (the portable state)
         self._key = next(_keys)
         self._sock: socket.socket | None = None

@@ -173,7 +173,10 @@ def test_an_answer_whose_check_always_crashes_gets_zero_after_a_bounded_number_o
         stop.set()
         killer.join()
     assert (reward, info["method"]) == (0.0, "error"), info
-    assert f"{jailed.ANSWER_ATTEMPTS} times" in info["note"] and len(set(killed)) == jailed.ANSWER_ATTEMPTS
+    # Each run may lose two processes: the one its worker forked ahead (killed while it waited) and the one the
+    # worker then forks at the cell.
+    assert f"{jailed.ANSWER_ATTEMPTS} times" in info["note"]
+    assert jailed.ANSWER_ATTEMPTS <= len(set(killed)) <= 2 * jailed.ANSWER_ATTEMPTS
     assert check_answer(*GOOD)[0] == 1.0
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.environments.sandbox.leaks import settled
+from tests.environments.sandbox.leaks import settled, settled_at
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes, start_template
 
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=1 << 30, processes=32, max_output_chars=2000)
@@ -234,17 +234,17 @@ def test_nothing_a_cell_starts_outlives_the_cell() -> None:
     # returns, and so is a thread the cell left (the cell is not committed).
     box = PythonSandbox(LIMITS, prefork=False)  # exact counts: no cell process forked ahead (test_prefork.py)
     box.run("1")
-    baseline = sandbox_processes()  # the supervisor and the worker
+    baseline = settled_at(2)  # the supervisor and the worker
     daemon = HOOK_OFF + ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
                          "        time.sleep(600)\n    os._exit(0)\ntime.sleep(0.2)")
     child = HOOK_OFF + "import os, time\nif os.fork() == 0:\n    time.sleep(600)\n    os._exit(0)"
     burner = HOOK_OFF + "import os\nif os.fork() == 0:\n    os.setsid()\n    while True:\n        pass"
     for code in (daemon, child, burner):
         box.run(code)
-        assert len(sandbox_processes()) == len(baseline), code
+        assert len(settled_at(len(baseline))) == len(baseline), code
     out = box.run(HOOK_OFF + "import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\nz = 1")
     assert "thread" in out.output and not out.committed and box.run("print('z' in dir())").output == "False\n"
-    assert len(sandbox_processes()) == len(baseline)
+    assert len(settled_at(len(baseline))) == len(baseline)
     box.close()
     assert settled() == []
 

@@ -149,3 +149,64 @@ def test_a_daemon_started_in_the_forked_process_goes_with_its_cell():
         while len(settled(0.0)) != len(before) and time.monotonic() < end:  # the old worker exits by itself
             time.sleep(0.01)
         assert len(settled(0.0)) == len(before)  # supervisor, worker, its forked cell process: no daemon
+
+
+# --------------------------------------------------------------------------- the sweep's fast path
+def _settle(count: int, *boxes: tuple[PythonSandbox, int]) -> None:
+    """Wait until this host's episode processes number ``count`` and each box's worker has its number of children
+    (the cell process it forks ahead, and frozen forks): an old worker exits by itself, a new one forks after the
+    cell."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        if len(settled(0.0)) == count and all(b.pid is not None and len(children(b.pid)) == n for b, n in boxes):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"expected {count} episode processes, got {settled(0.0)}")
+
+
+@pytest.fixture
+def supervisor_requests(monkeypatch) -> list[str]:
+    from trace_gym.environments.sandbox import cgroups
+    from trace_gym.environments.sandbox.host import _Lineage
+
+    if not cgroups.available():
+        pytest.skip("no cgroups on this host: every sweep asks the supervisor")
+    ops: list[str] = []
+    ask = _Lineage._ask
+
+    def counted(self, msg, *args, **kwargs):
+        ops.append(msg.get("op"))
+        return ask(self, msg, *args, **kwargs)
+
+    monkeypatch.setattr(_Lineage, "_ask", counted)
+    return ops
+
+
+def test_a_cell_that_left_nothing_costs_no_round_trip_to_the_supervisor(supervisor_requests):
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 0")
+        for _ in range(3):
+            _settle(3, (box, 1))  # supervisor, worker, the cell process forked ahead
+            supervisor_requests.clear()
+            assert box.run("x += 1").committed
+            assert "sweep" not in supervisor_requests  # the kernel's list held only known processes
+        _settle(3, (box, 1))
+        box.run("import sys\nsys.modules['__main__']._Guard.untrusted = False\nimport os, time\n"
+                "if os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ntime.sleep(0.1)")
+        assert "sweep" in supervisor_requests  # something unknown: the supervisor sweeps, and the daemon goes
+        _settle(3, (box, 1))
+
+
+def test_another_branch_s_forked_ahead_process_is_known_to_the_fast_path(supervisor_requests):
+    with PythonSandbox(LIMITS) as box:
+        box.run("x = 0")
+        snap = box.snapshot()
+        branch = PythonSandbox(LIMITS)
+        branch.restore(snap)
+        branch.run("x")
+        _settle(6, (box, 2), (branch, 1))  # supervisor, the frozen fork (box's child), two workers, two forked ahead
+        supervisor_requests.clear()
+        assert box.run("x += 1").committed
+        assert "sweep" not in supervisor_requests
+        branch.close()
+        snap.release()

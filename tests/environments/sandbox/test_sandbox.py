@@ -10,7 +10,7 @@ from tests.environments.sandbox.leaks import settled
 from trace_gym.environments.sandbox import reaper
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, sandbox_processes
 
-FAST = SandboxLimits(timeout_s=3.0, cpu_s=3, max_output_chars=200)
+FAST = SandboxLimits(timeout_s=3.0, cpu_s=6, max_output_chars=200)  # a spinning cell meets the wall clock first
 
 
 @pytest.fixture
@@ -165,7 +165,8 @@ def test_descriptors_past_1024_run_cells_snapshots_and_bounded_calls(high_descri
         branch = PythonSandbox(FAST)
         branch.restore(snap)
         assert branch.run("print(v + 1)").output == "42\n"
-        assert box.run("while True: pass").status == "timeout"  # the deadline is waited on, not skipped
+        spin = box.run("while True: pass")
+        assert spin.status == "timeout", spin.output  # the deadline is waited on, not skipped
         branch.close()
         snap.release()
     assert bounded_call(sum, [1, 2, 3]).value == 6

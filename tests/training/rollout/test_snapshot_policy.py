@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from tests.environments.sandbox.leaks import steady_count
 from trace_gym.agents.policy import Generation, Request, SamplingParams
 from trace_gym.environments.math.env import ArithmeticEnv
-from trace_gym.environments.sandbox.host import sandbox_processes, start_template
+from trace_gym.environments.sandbox.host import PythonSandbox, sandbox_processes, start_template
 from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor
 from trace_gym.training.config import StepBudget
@@ -28,7 +29,7 @@ class ThreeCells:
         self.baseline, self.counts = baseline, []
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
-        self.counts.append(len(sandbox_processes()) - self.baseline)
+        self.counts.append(steady_count() - self.baseline)
         out = []
         for r in requests:
             turn = sum(m["role"] == "assistant" for m in r.messages or [])
@@ -41,6 +42,12 @@ def make_env() -> ArithmeticEnv:
     return ArithmeticEnv(n_tasks=8, difficulty=1)
 
 
+@pytest.fixture(autouse=True)
+def exact_counts(monkeypatch):
+    # The counts below are of lineages and frozen forks: no cell process forked ahead of a cell.
+    monkeypatch.setattr(PythonSandbox, "prefork", False)
+
+
 @pytest.fixture(scope="module")
 def baseline() -> int:
     start_template()
@@ -51,7 +58,7 @@ def frozen_processes(collector: TreeCollector, baseline: int) -> int:
     """Sandbox processes that are neither a live lineage's supervisor nor its worker: frozen snapshots."""
     wrappers = [*collector._pool, *(t.wrapper for t in collector._trees.values())]
     live = sum(w.base.sandbox.pid is not None for w in wrappers)
-    return len(sandbox_processes()) - baseline - 2 * live
+    return steady_count() - baseline - 2 * live
 
 
 def step(allocator: str, policy: SnapshotPolicy, baseline: int) -> tuple[ThreeCells, TreeCollector, int]:
