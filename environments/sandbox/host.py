@@ -488,15 +488,13 @@ class _Lineage:
         with self.lock:
             if remove is None and self._nothing_to_sweep(idle, spare):
                 return
+            kept = [("alone" if key == idle else kind, pid) for key, (kind, pid) in self.holders.items()]
+            kept += [("alone", spare)] if spare is not None else []
             fds, kinds = [], []
-            pids = [(kind, pid) for kind, pid in self.holders.values()]
-            keys = list(self.holders)
-            for key, (kind, pid) in zip([*keys, None], [*pids, ("alone", spare)]):
-                if pid is None:
-                    continue
+            for kind, pid in kept:
                 with contextlib.suppress(OSError):
                     fds.append(os.pidfd_open(pid))  # a stale pid names nothing in the lineage: ignored there
-                    kinds.append("alone" if key == idle else kind)
+                    kinds.append(kind)
             names = [os.path.basename(d) for d in [*self.unswept, *([remove] if remove else [])]]
             self.unswept = []
             try:
