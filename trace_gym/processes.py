@@ -15,6 +15,15 @@ _services: dict[int, set[int]] = {}  # owner pid -> helper pids (a forked host s
 _reapers: list[Callable[[float], bool]] = []  # waits for processes already killed and being reaped
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` in this process's view, from /proc (None once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rfind(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def descendant_pids(pid: int | None = None) -> set[int]:
     """Descendants of ``pid`` (default: this process), read from /proc. Zombies count: an unreaped child still
     holds a pid and a slot of its user's process limit. Processes an env has already killed and reaps in the

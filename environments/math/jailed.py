@@ -48,7 +48,7 @@ from trace_gym.environments.sandbox.host import (
 )
 from trace_gym.errors import TraceGymError
 from trace_gym.limits import available_memory
-from trace_gym.processes import register_service
+from trace_gym.processes import parent_pid, register_service
 
 TIMEOUT_S = 30.0
 """Wall-clock seconds of one check's cell: the infrastructure's bound, for a starved machine. What bounds an
@@ -144,7 +144,7 @@ class _Checker:
             worker = box.pid
             snapshot = box.snapshot(native=True)
             frozen = _children(worker) if worker is not None else []  # the frozen fork: the worker's one child
-            supervisor = _parent(worker) if worker is not None else None
+            supervisor = parent_pid(worker) if worker is not None else None
         finally:
             box.close()
         if not snapshot.alive or len(frozen) != 1 or supervisor is None:
@@ -189,16 +189,8 @@ class _Checker:
         self.watched = []
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(")") + 2 :].split()[1])
-
-
 def _children(pid: int) -> list[int]:
-    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _parent(int(e.name)) == pid]
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and parent_pid(int(e.name)) == pid]
 
 
 class _Pool:

@@ -90,7 +90,7 @@ from trace_gym.environments.sandbox import cgroups, dirtree, jail, lifetime, uid
 from trace_gym.environments.sandbox.jail import ISOLATIONS, SandboxUnavailableError
 from trace_gym.environments.sandbox.reaper import reaper
 from trace_gym.errors import ConfigError
-from trace_gym.processes import register_service
+from trace_gym.processes import parent_pid, register_service
 
 __all__ = ["ISOLATIONS", "CellResult", "PythonSandbox", "SandboxLimits", "SandboxSnapshot",
            "SandboxUnavailableError", "sandbox_processes", "start_template"]
@@ -332,16 +332,6 @@ def _sandbox_env() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- lineages
-def _parent(pid: int) -> int | None:
-    """The parent of ``pid`` in this process's view, from /proc (None once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _pidfd_pid(fd: int) -> int | None:
     """The pid (in this namespace) behind a pidfd, for inspection only."""
     try:
@@ -515,7 +505,7 @@ class _Lineage:
             return False
         known = {self.supervisor, spare, *(pid for _, pid in self.holders.values())}
         busy = {pid for key, (kind, pid) in self.holders.items() if kind == "worker" and key != idle}
-        return all(_parent(pid) in busy for pid in procs - known)
+        return all(parent_pid(pid) in busy for pid in procs - known)
 
     def digest(self, path: str, deadline: float | None = None) -> str | None:
         """The supervisor's digest of a directory of the lineage (None if it cannot tell)."""

@@ -16,7 +16,7 @@ import pytest
 
 from trace_gym.environments.math import jailed
 from trace_gym.environments.math.answers import check_answer
-from trace_gym.processes import descendant_pids, services
+from trace_gym.processes import descendant_pids, parent_pid, services
 
 MARK = jailed._MARK
 GOOD = ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}")  # a correct answer that needs the symbolic check
@@ -85,7 +85,7 @@ def test_a_lost_checker_is_rebuilt_and_the_next_correct_answer_still_scores(how:
     victims = _frozen_forks()
     for frozen in victims:
         if how == "kill its supervisor":
-            os.kill(jailed._parent(frozen), signal.SIGKILL)
+            os.kill(parent_pid(frozen), signal.SIGKILL)
         else:
             os.kill(frozen, signal.SIGSTOP if how == "stop the frozen fork" else signal.SIGKILL)
     try:
