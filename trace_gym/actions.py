@@ -81,11 +81,15 @@ def load_json(text: str) -> tuple[Any, str | None]:
 def _answer(text: str) -> tuple[str | None, str | None]:
     bodies, unclosed = find_blocks(text, "<answer>", "</answer>")
     if unclosed and not bodies:
-        return None, "unclosed <answer> tag: write <answer>your answer</answer>"
+        return None, "an answer tag was opened and not closed: " + _AS_SHOWN
     return (bodies[-1].strip(), None) if bodies else (None, None)
 
 
 _ANSWER_HELP = "When you know the final answer, reply with <answer>your answer</answer> and no tool call."
+# Error observations name the markup without writing it: a small model copies the text it was just shown, and an
+# error that quoted "<tool_call>" came back as a new unclosed call, turn after turn.
+_AS_SHOWN = "write calls and the final answer as the system message shows"
+_NOTHING = "found no tool call and no final answer; " + _AS_SHOWN
 # Inside a JSON string these would end the call block or start an answer early; "\u003c" is the same "<".
 _MARKERS = ("<tool_call>", "</tool_call>", "<answer>", "</answer>")
 
@@ -96,7 +100,7 @@ class HermesParser:
     def parse(self, text: str, tools: Mapping[str, Tool]) -> ParsedAction:
         bodies, unclosed = find_blocks(text, "<tool_call>", "</tool_call>")
         if unclosed:
-            return ParsedAction(text, error="unclosed <tool_call> tag: close each call with </tool_call>")
+            return ParsedAction(text, error="a tool call was opened and not closed: " + _AS_SHOWN)
         calls = []
         for body in bodies:
             obj, problem = load_json(body)
@@ -117,9 +121,9 @@ class HermesParser:
         if error:
             return ParsedAction(text, error=error)
         if calls and answer is not None:
-            return ParsedAction(text, error="a turn gives either tool calls or an <answer>, not both")
+            return ParsedAction(text, error="a turn gives either tool calls or a final answer, not both")
         if not calls and answer is None:
-            return ParsedAction(text, error="no <tool_call> and no <answer> found. " + _ANSWER_HELP)
+            return ParsedAction(text, error=_NOTHING)
         return ParsedAction(text, calls=tuple(calls), answer=answer)
 
     def instructions(self, tools: Sequence[Tool]) -> str:
@@ -156,7 +160,7 @@ class TagParser:
             while (start := text.find(f"<{name}>", pos)) != -1:
                 end = text.find(f"</{name}>", start)
                 if end == -1:
-                    return ParsedAction(text, error=f"unclosed <{name}> tag: close it with </{name}>")
+                    return ParsedAction(text, error=f"a {name} tag was opened and not closed: " + _AS_SHOWN)
                 found.append((start, ToolCall(name, {_text_argument(tool): text[start + len(name) + 2 : end]})))
                 pos = end + len(name) + 3
         answer, error = _answer(text)
@@ -164,10 +168,9 @@ class TagParser:
             return ParsedAction(text, error=error)
         calls = tuple(call for _, call in sorted(found, key=lambda item: item[0]))
         if calls and answer is not None:
-            return ParsedAction(text, error="a turn gives either a tool call or an <answer>, not both")
+            return ParsedAction(text, error="a turn gives either a tool call or a final answer, not both")
         if not calls and answer is None:
-            tags = " or ".join(f"<{n}>...</{n}>" for n in tools) or "a tool tag"
-            return ParsedAction(text, error=f"no {tags} and no <answer> found. " + _ANSWER_HELP)
+            return ParsedAction(text, error=_NOTHING)
         return ParsedAction(text, calls=calls, answer=answer)
 
     def instructions(self, tools: Sequence[Tool]) -> str:

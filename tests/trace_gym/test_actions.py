@@ -58,7 +58,7 @@ def test_tag_parser_fills_the_single_string_argument_in_order():
 
 
 def test_tag_parser_unclosed_tag_is_an_error():
-    assert "unclosed <search>" in TagParser().parse("<search>who", TOOLS).error
+    assert "search tag was opened and not closed" in TagParser().parse("<search>who", TOOLS).error
 
 
 def test_megabytes_of_unclosed_tags_parse_without_error_escaping():
@@ -73,6 +73,21 @@ def test_parsers_never_raise(text):
     for parser in (HermesParser(), TagParser()):
         parsed = parser.parse(text, TOOLS)
         assert (parsed.error is None) == bool(parsed.calls or parsed.answer is not None)
+
+
+MARKUP = ("<tool_call>", "</tool_call>", "<answer>", "</answer>", "<search>", "</search>", "<calc>", "</calc>")
+
+
+@settings(max_examples=300, deadline=None)
+@given(ACTION_TEXT)
+def test_an_error_written_back_by_the_model_makes_no_call_and_no_answer(text):
+    # A small model copies the error it was shown: the copy must not open a call (unclosed, the same error again)
+    for parser in (HermesParser(), TagParser()):
+        error = parser.parse(text, TOOLS).error
+        if error is not None:
+            assert not any(m in error for m in MARKUP), error
+            echoed = parser.parse(error, TOOLS)
+            assert not echoed.calls and echoed.answer is None
 
 
 JSON_VALUES = st.recursive(
