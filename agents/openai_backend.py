@@ -11,6 +11,14 @@ answer (agents/native_tools.py). With ``tool_calls="text"`` the messages go as t
 answer's ``content`` is the action. An answer with neither content nor tool calls, or tool calls the policy has
 no format for, raises `ServerError`: it is never read as an empty turn.
 
+Hosted reasoning models (OpenAI's o-series, gpt-5) refuse some standard fields with HTTP 400 (``"code":
+"unsupported_parameter"`` or ``"unsupported_value"``, the field in ``"param"``). The policy adapts once, for
+every later request, and logs a warning per field: ``max_tokens`` becomes ``max_completion_tokens``; ``logprobs``
+(with ``top_logprobs``), ``temperature``, ``top_p`` and ``seed`` are left out (the server's default then
+applies). Without log-probabilities a generation has none (`Generation.logprobs` empty): evaluation is unchanged,
+but its turns cannot be trained on. ``extra_body`` adds fields to every request (``{"reasoning_effort": "low"}``);
+they are sent as given and never adapted.
+
 Requests carry the standard fields only, unless the server is vLLM (``server="vllm"``, or ``"auto"`` and the
 server's ``GET /models`` says ``owned_by: vllm``): then they ask for ``return_tokens_as_token_ids`` (exact
 token ids) and pass vLLM's extra sampling fields (top_k, min_tokens, include_stop_str_in_output). Each (request,
@@ -45,13 +53,19 @@ from trace_gym.agents.native_tools import ToolFormat
 from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
 from trace_gym.errors import ConfigError, ServerError
 
-__all__ = ["RETRY_STATUS", "OpenAIPolicy", "ServerError"]
+__all__ = ["ADAPTABLE", "RETRY_STATUS", "OpenAIPolicy", "ServerError"]
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 """Statuses worth a retry (the SDK retries these and every other 5xx)."""
 
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a connection: a host that does not answer within it is unreachable, not slow."""
+
+ADAPTABLE: dict[str, str | None] = {"max_tokens": "max_completion_tokens", "logprobs": None, "top_logprobs": None,
+                                    "temperature": None, "top_p": None, "seed": None}
+"""Request fields a server may refuse as unsupported, and what replaces each (None: the field is left out)."""
+RESERVED = frozenset({"model", "messages", "prompt", "n", "stream"})
+"""Request fields that ``extra_body`` may not set: the policy's request and its one answer per call."""
 
 log = logging.getLogger(__name__)
 Server = Literal["auto", "vllm", "openai"]
@@ -62,7 +76,8 @@ class OpenAIPolicy:
 
     def __init__(self, base_url: str, model: str, tokenizer=None, api_key: str | None = None,
                  server: Server = "auto", timeout: float = 120.0, max_retries: int = 5, concurrency: int = 16,
-                 tool_calls: Literal["native", "text"] = "native", tool_format: ToolFormat | None = None):
+                 tool_calls: Literal["native", "text"] = "native", tool_format: ToolFormat | None = None,
+                 extra_body: dict[str, Any] | None = None):
         if concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise ConfigError(f"expected concurrency >= 1, max_retries >= 0, timeout > 0, got {concurrency}, "
                               f"{max_retries}, {timeout}")
@@ -70,6 +85,13 @@ class OpenAIPolicy:
             raise ConfigError(f"expected tool_calls 'native' or 'text', got {tool_calls!r}")
         if server not in ("auto", "vllm", "openai"):
             raise ConfigError(f"expected server 'auto', 'vllm' or 'openai', got {server!r}")
+        if extra_body is not None and not isinstance(extra_body, dict):
+            raise ConfigError(f"expected extra_body to be a JSON object, got {type(extra_body).__name__}; fix: e.g. "
+                              "--extra-body '{\"reasoning_effort\": \"low\"}'")
+        reserved = sorted(RESERVED & set(extra_body or {}))
+        if reserved:
+            raise ConfigError(f"expected extra_body fields beside the request, got {reserved}, which the policy "
+                              "sets itself; fix: drop them (the model is --model, the messages are the env's)")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
@@ -82,6 +104,11 @@ class OpenAIPolicy:
         self.tool_calls = tool_calls
         self.tool_format = tool_format
         """The env's tools and action parser, for native tool calls (`ToolFormat.of_env(env)`)."""
+        self.extra_body = dict(extra_body or {})
+        """Fields added to every request, as given (module docstring)."""
+        self.adapted: dict[str, str | None] = {}
+        """The fields the server refused, each with its replacement (None: left out); filled as refusals come."""
+        self._adapt = threading.Lock()
         self.reached = False
         """Whether the server has answered once; before that a connection error is not retried."""
         self._slots = threading.BoundedSemaphore(concurrency)  # the in-flight limit, shared by every caller
@@ -143,13 +170,13 @@ class OpenAIPolicy:
             prompt_ids = encode(self.tokenizer, render_prompt(self.tokenizer, req.messages or [], req.tools))
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, logprobs=1)
-            choice = _first_choice(self._request("/completions", body), "/completions")
+            choice = _first_choice(self._send("/completions", body), "/completions")
             lp = choice.get("logprobs") or {}
             tokens, logps = lp.get("tokens") or [], lp.get("token_logprobs") or []
             text = choice.get("text") or ""
         else:
             body.update(logprobs=True, top_logprobs=0, **self._chat_fields(req))
-            choice = _first_choice(self._request("/chat/completions", body), "/chat/completions")
+            choice = _first_choice(self._send("/chat/completions", body), "/chat/completions")
             content = (choice.get("logprobs") or {}).get("content") or []
             tokens, logps = [c["token"] for c in content], [c["logprob"] for c in content]
             text = self._action(choice)
@@ -159,6 +186,50 @@ class OpenAIPolicy:
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",  # "tool_calls" ends a turn
             prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0, prompt_ids=prompt_ids or [],
             request_index=i, sample_index=j)
+
+    def _send(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` as adapted so far plus ``extra_body``; a field refused as unsupported is adapted (once, for
+        every later request: module docstring) and the request sent again."""
+        for _ in range(len(ADAPTABLE) + 1):
+            sent = self._adapted(body)
+            try:
+                return self._request(path, sent)
+            except _Unsupported as refused:
+                self._learn(refused, sent)
+        raise ServerError(f"expected an answer from {self.base_url + path} once the refused fields were adapted "
+                          f"({sorted(self.adapted)}), got more refusals; fix: check the model name and the request "
+                          "settings")
+
+    def _adapted(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the refused fields renamed or left out, then ``extra_body`` over it."""
+        out: dict[str, Any] = {}
+        for key, value in body.items():
+            if key not in self.adapted:
+                out[key] = value
+            elif self.adapted[key] is not None:
+                out[self.adapted[key]] = value  # type: ignore[index]
+        if "max_completion_tokens" in self.extra_body:
+            out.pop("max_tokens", None)  # one limit: the caller's
+        return {**out, **self.extra_body}
+
+    def _learn(self, refused: _Unsupported, sent: dict[str, Any]) -> None:
+        """Record the adaptation of a field the server refused (module docstring); the warning is logged once."""
+        field = refused.field
+        if field in self.extra_body:
+            raise ServerError(f"{refused.message}; fix: drop {field} from extra_body (--extra-body)") from None
+        if field not in ADAPTABLE or field not in sent:
+            raise ServerError(f"{refused.message}; fix: check the model name and the request settings") from None
+        with self._adapt:
+            if field in self.adapted:
+                return  # another thread learnt it first
+            self.adapted[field] = ADAPTABLE[field]
+            if field == "logprobs":
+                self.adapted["top_logprobs"] = None  # only valid beside logprobs
+            what = {"max_tokens": "max_completion_tokens is sent in its place",
+                    "logprobs": "requests go without log-probabilities (generations carry none: fine for "
+                                "evaluation, not for training)"}.get(field, "it is left out and the server's "
+                                                                            "default applies")
+        log.warning("%s refuses %s (%s); from now on %s", self.base_url, field, refused.reason, what)
 
     def _chat_fields(self, req: Request) -> dict[str, Any]:
         """``messages`` (and ``tools``) of a chat request: in the OpenAI tool form when native (module docstring)."""
@@ -222,6 +293,10 @@ class OpenAIPolicy:
                               "base URL (it usually ends in /v1)") from None
         except openai.APIStatusError as exc:
             detail = f"HTTP {exc.status_code}: {exc.response.text[:500]}"
+            refused = _unsupported_field(exc.status_code, exc.response.text)
+            if refused is not None and body is not None:
+                raise _Unsupported(*refused, f"expected an answer from {url}, got {detail} (refused, not retried)"
+                                   ) from None
             if exc.status_code in RETRY_STATUS or exc.status_code >= 500:
                 raise _RowError(f"expected an answer from {url}, got {detail} (after {self.max_retries} retries); "
                                 "fix: check that the server is up and serves this model") from None
@@ -246,6 +321,14 @@ class OpenAIPolicy:
 class _RowError(ServerError):
     """A failure of one request (its retries spent, or refused for what it asked): that row's error, not the
     caller's; `OpenAIPolicy.models` and direct calls still see it raised."""
+
+
+class _Unsupported(Exception):
+    """The server refused a request field as unsupported (HTTP 400): ``field``, ``reason`` (its error code)."""
+
+    def __init__(self, field: str, reason: str, message: str):
+        super().__init__(message)
+        self.field, self.reason, self.message = field, reason, message
 
 
 class _Unreachable(openai.APIConnectionError):
@@ -294,6 +377,23 @@ def _first_choice(response: dict[str, Any], path: str) -> dict[str, Any]:
         raise ServerError(f"expected 'choices' in the response of {path}, got keys {sorted(response)}; fix: check "
                           "that the server is OpenAI-compatible")
     return choices[0]
+
+
+def _unsupported_field(status: int, text: str) -> tuple[str, str] | None:
+    """(field, code) of a 400 that refuses one request field as unsupported, in the OpenAI API's error form
+    (``{"error": {"param": "max_tokens", "code": "unsupported_parameter", ...}}``), else None."""
+    if status != 400:
+        return None
+    try:
+        error = json.loads(text).get("error")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(error, dict) or not isinstance(error.get("param"), str):
+        return None
+    code = error.get("code")
+    if code not in ("unsupported_parameter", "unsupported_value"):
+        return None
+    return error["param"], code
 
 
 def _too_long(detail: str) -> bool:

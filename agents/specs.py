@@ -25,10 +25,10 @@ key or package raise ``ConfigError`` with the fix.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 
@@ -79,6 +79,8 @@ class PolicyOptions:
     """openai: retries of a failed request (connection errors, timeouts, 408/429/5xx)."""
     timeout: float = 120.0
     """openai: seconds per request."""
+    extra_body: Mapping[str, Any] | None = None
+    """openai: fields added to every request as given, e.g. ``{"reasoning_effort": "low"}``."""
 
 
 def policy_from_spec(spec: str, options: PolicyOptions | None = None,
@@ -116,8 +118,27 @@ def backend_of(spec: str) -> Backend:
         return kind  # type: ignore[return-value]
     if Path(spec).exists():
         return "hf"
+    for prefix in ("openai", "vllm", "hf", "expert"):
+        if spec.startswith(prefix + "/"):  # LiteLLM's provider/model form
+            raise ConfigError(f"expected a policy spec ({FORMS}), got {spec!r} (no such folder either); fix: did "
+                              f"you mean {prefix}:{spec[len(prefix) + 1:]}?")
     raise ConfigError(f"expected a policy spec ({FORMS}), got {spec!r} (no such folder either); fix: "
                       "trace-gym model init --out models/tiny builds a model folder; the scripted expert is 'expert'")
+
+
+def parse_extra_body(text: str) -> dict[str, Any]:
+    """The JSON object of ``--extra-body`` (`PolicyOptions.extra_body`), else a ``ConfigError``."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        value = exc
+    if not isinstance(value, dict):
+        got = f"invalid JSON ({value})" if isinstance(value, json.JSONDecodeError) else type(value).__name__
+        raise ConfigError(f"expected --extra-body to be a JSON object, got {got}; fix: e.g. --extra-body "
+                          "'{\"reasoning_effort\": \"low\"}' (quote it for the shell)")
+    return value
 
 
 def check_model_folder(path: str | Path) -> Path:
@@ -201,8 +222,8 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions,
     from trace_gym.agents.openai_backend import OpenAIPolicy
 
     if not base_url:
-        raise ConfigError("expected the server's base URL, got none; fix: set PolicyOptions(base_url=...) or "
-                          "OPENAI_BASE_URL, e.g. http://127.0.0.1:8000/v1")
+        raise ConfigError("expected the server's base URL, got none; fix: --base-url URL (the base_url option) or "
+                          "export OPENAI_BASE_URL=URL, e.g. http://127.0.0.1:8000/v1")
     api_key = os.environ.get(options.api_key_env) or None
     if options.api_key_env != "OPENAI_API_KEY" and api_key is None:
         raise ConfigError(f"expected the API key in ${options.api_key_env}, got the variable unset or empty; "
@@ -221,12 +242,13 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions,
             tool_format = ToolFormat.of_env(env)
     policy = OpenAIPolicy(base_url, model or "", tokenizer=tokenizer, api_key=api_key, server=options.server,
                           timeout=options.timeout, max_retries=options.max_retries, concurrency=options.concurrency,
-                          tool_calls=options.tool_calls, tool_format=tool_format)
+                          tool_calls=options.tool_calls, tool_format=tool_format,
+                          extra_body=dict(options.extra_body) if options.extra_body is not None else None)
     if not model:
         served = policy.models()
         if len(served) != 1:
             raise ConfigError(f"expected a model name for {base_url} (it serves {', '.join(served) or 'none'}), "
-                              f"got none; fix: set PolicyOptions(model=NAME) or use the spec openai:NAME")
+                              f"got none; fix: --model NAME (the model option) or the spec openai:NAME")
         policy.model = served[0]
     return policy
 

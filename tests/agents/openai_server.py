@@ -1,6 +1,8 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 for the HTTP backend's tests: it answers from a script
 of responses the test sets, and records every request (path, body, headers) and the most requests it
 had in flight at once; its model list names an owner (``owned_by="vllm"`` looks like a vLLM server).
+``mode="reasoning"`` refuses requests as OpenAI's hosted reasoning models (o-series, gpt-5) do (`reasoning_refusal`)
+before the script sees them.
 `ExpertScript` answers as an env's scripted expert would, the OpenAI way (``tool_calls``, a plain final answer),
 with tagged answers, or as text."""
 
@@ -43,6 +45,30 @@ def message_reply(message: dict[str, Any], finish_reason: str = "stop",
     return 200, {}, json.dumps(body).encode()
 
 
+def openai_error(param: str, code: str, message: str) -> Reply:
+    """An HTTP 400 in the OpenAI API's error form."""
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    return 400, {}, json.dumps({"error": error}).encode()
+
+
+def reasoning_refusal(body: dict[str, Any]) -> Reply | None:
+    """The refusal OpenAI's reasoning models give ``body``, else None: one field at a time, as the API reports
+    them (``max_tokens``, ``logprobs`` and ``top_logprobs`` are unsupported parameters; a temperature or top_p
+    other than 1 an unsupported value)."""
+    if "max_tokens" in body:
+        return openai_error("max_tokens", "unsupported_parameter", "Unsupported parameter: 'max_tokens' is not "
+                            "supported with this model. Use 'max_completion_tokens' instead.")
+    for field in ("logprobs", "top_logprobs"):
+        if field in body:
+            return openai_error(field, "unsupported_parameter",
+                                f"Unsupported parameter: '{field}' is not supported with this model.")
+    for field in ("temperature", "top_p"):
+        if field in body and body[field] != 1:
+            return openai_error(field, "unsupported_value", f"Unsupported value: '{field}' does not support "
+                                f"{body[field]} with this model. Only the default (1) value is supported.")
+    return None
+
+
 class ExpertScript:
     """A server script that plays an env's scripted expert (``env.expert(noise, seed)``, seeded with the
     request's seed) on the conversation it is sent: ``shape="openai"`` answers as the OpenAI API and hosted models
@@ -74,14 +100,32 @@ class ExpertScript:
         return message_reply({"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls")
 
 
+def _unasked(reply: Reply, body: dict[str, Any]) -> Reply:
+    """``reply`` without log-probabilities when the request asked for none (``logprobs: null``, as the API does)."""
+    status, headers, data = reply
+    if status != 200 or body.get("logprobs"):
+        return reply
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return reply
+    if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+        return reply
+    for choice in answer["choices"]:
+        if isinstance(choice, dict) and "logprobs" in choice:
+            choice["logprobs"] = None
+    return status, headers, json.dumps(answer).encode()
+
+
 class ScriptedServer:
     """``server.url`` ends in /v1. ``script(path, body) -> Reply`` decides each answer (default: success);
     ``hold`` seconds are spent inside each request so that concurrent ones overlap."""
 
     def __init__(self, script: Callable[[str, dict[str, Any]], Reply] | None = None, hold: float = 0.0,
-                 models: tuple[str, ...] = ("served-model",), owned_by: str = "openai"):
+                 models: tuple[str, ...] = ("served-model",), owned_by: str = "openai",
+                 mode: Literal["open", "reasoning"] = "open"):
         self.script = script or (lambda path, body: chat() if path.endswith("/chat/completions") else completion())
-        self.hold, self.models, self.owned_by = hold, models, owned_by
+        self.hold, self.models, self.owned_by, self.mode = hold, models, owned_by, mode
         self.requests: list[dict[str, Any]] = []
         self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -104,7 +148,8 @@ class ScriptedServer:
                 try:
                     outer._record(self, body)
                     time.sleep(outer.hold)
-                    reply = outer.script(self.path, body)
+                    refused = reasoning_refusal(body) if outer.mode == "reasoning" else None
+                    reply = refused or _unasked(outer.script(self.path, body), body)
                 finally:
                     # Counted out before the answer goes: once the client has read it, it may send the next
                     # request before this thread would get past a later decrement.

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from tests.agents.openai_server import ScriptedServer, chat
+from tests.agents.openai_server import ScriptedServer, chat, openai_error
 from trace_gym.agents.openai_backend import OpenAIPolicy
 from trace_gym.agents.policy import Request, SamplingParams
 from trace_gym.errors import ServerError, UserError
@@ -167,3 +167,83 @@ def test_a_vllm_server_gets_its_extra_fields_for_exact_token_ids():
     body = server.requests[-1]["body"]
     assert policy.server == "vllm" and body["top_k"] == 5 and body["return_tokens_as_token_ids"] is True
     assert sum(r["path"] == "/v1/models" for r in server.requests) == 1  # asked once
+
+
+# ----------------------------------------------------------------------------- hosted reasoning models
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "refuses" in r.getMessage()]
+
+
+def test_a_reasoning_model_endpoint_is_adapted_to_once_with_a_warning_per_field(caplog):
+    """The server refuses max_tokens, logprobs and temperature 0 one at a time, as OpenAI's o-series and gpt-5 do:
+    the first request learns each, every later one is sent adapted, and each field is said once."""
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=64)
+    with ScriptedServer(mode="reasoning") as server, caplog.at_level(logging.WARNING):
+        policy = OpenAIPolicy(server.url, "gpt-5", server="openai", concurrency=1)
+        first = policy.generate([Request(messages=MSGS)] * 3, sampling)
+        second = policy.generate([Request(messages=MSGS)] * 2, sampling)
+    posts = [r["body"] for r in server.requests if r["path"] == "/v1/chat/completions"]
+    assert [g.text for g in first + second] == ["<answer>4</answer>"] * 5 and all(g.error is None for g in first)
+    assert len(posts) == 4 + 4  # the first request sent 4 times (3 fields learnt), then one each
+    adapted = posts[-1]
+    assert adapted["max_completion_tokens"] == 64 and not {"max_tokens", "logprobs", "top_logprobs",
+                                                           "temperature"} & set(adapted)
+    assert policy.adapted == {"max_tokens": "max_completion_tokens", "logprobs": None, "top_logprobs": None,
+                              "temperature": None}
+    said = _warnings(caplog)
+    assert len(said) == 3 and ["max_completion_tokens" in said[0], "without log-probabilities" in said[1],
+                               "temperature" in said[2]] == [True, True, True]
+    assert first[0].logprobs == [] and first[0].token_ids == []  # what is lost without them
+
+
+def test_threads_that_meet_the_same_refusal_together_adapt_once_and_say_it_once(caplog):
+    with ScriptedServer(mode="reasoning", hold=0.05) as server, caplog.at_level(logging.WARNING):
+        policy = OpenAIPolicy(server.url, "o3", server="openai", concurrency=8)
+        out = policy.generate([Request(messages=MSGS)] * 16, SamplingParams(temperature=1.0))
+    assert all(g.text == "<answer>4</answer>" for g in out)
+    said = _warnings(caplog)
+    assert sorted(s.split(" refuses ")[1].split(" ")[0] for s in said) == ["logprobs", "max_tokens"]
+
+
+def test_a_server_that_takes_the_standard_fields_is_never_adapted(caplog):
+    with ScriptedServer() as server, caplog.at_level(logging.WARNING):
+        policy = OpenAIPolicy(server.url, "gpt-4o", server="openai")
+        out = policy.generate([Request(messages=MSGS)], SamplingParams(max_new_tokens=8))
+    assert policy.adapted == {} and not _warnings(caplog) and out[0].logprobs == [-0.1]
+    assert server.requests[-1]["body"]["max_tokens"] == 8 and server.requests[-1]["body"]["logprobs"] is True
+
+
+def test_extra_body_fields_go_with_every_request_as_given():
+    with ScriptedServer(mode="reasoning") as server:
+        policy = OpenAIPolicy(server.url, "gpt-5", server="openai",
+                              extra_body={"reasoning_effort": "low", "max_completion_tokens": 2048})
+        policy.generate([Request(messages=MSGS)], SamplingParams(temperature=1.0, max_new_tokens=8))
+    sent = server.requests[-1]["body"]
+    assert sent["reasoning_effort"] == "low" and sent["max_completion_tokens"] == 2048 and "max_tokens" not in sent
+
+
+def test_a_refused_field_of_extra_body_is_not_adapted_but_named():
+    with ScriptedServer(mode="reasoning") as server, pytest.raises(UserError, match="drop logprobs from extra_body"):
+        OpenAIPolicy(server.url, "gpt-5", server="openai", extra_body={"logprobs": True}).generate(
+            [Request(messages=MSGS)], SamplingParams(temperature=1.0))
+
+
+def test_an_unsupported_field_the_policy_cannot_leave_out_is_a_refusal():
+    def refuse_stop(path, body):
+        if "stop" in body:
+            return openai_error("stop", "unsupported_parameter", "Unsupported parameter: 'stop' is not supported "
+                                "with this model.")
+        return chat()
+
+    with ScriptedServer(refuse_stop) as server, pytest.raises(UserError, match="'stop' is not supported"):
+        OpenAIPolicy(server.url, "o3", server="openai").generate([Request(messages=MSGS)],
+                                                                 SamplingParams(stop=("\n",)))
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("extra", [{"model": "other"}, {"messages": []}, ["not", "an", "object"]])
+def test_extra_body_may_not_replace_the_request(extra):
+    with pytest.raises(UserError, match="extra_body"):
+        OpenAIPolicy("http://127.0.0.1:9/v1", "m", extra_body=extra)  # type: ignore[arg-type]

@@ -84,10 +84,27 @@ def test_openai_base_url_comes_from_the_environment(monkeypatch):
         assert policy_from_spec("openai:m").base_url == server.url  # type: ignore[attr-defined]
 
 
-def test_openai_spec_without_a_base_url_says_where_to_give_one(monkeypatch):
+def test_openai_spec_without_a_base_url_names_the_flag_and_the_variable(monkeypatch):
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    with pytest.raises(ConfigError, match="OPENAI_BASE_URL"):
+    with pytest.raises(ConfigError, match="OPENAI_BASE_URL") as err:
         policy_from_spec("openai:m")
+    assert "--base-url" in str(err.value) and "PolicyOptions" not in str(err.value)
+
+
+@pytest.mark.parametrize(("spec", "meant"), [("openai/gpt-4o", "openai:gpt-4o"), ("vllm/models/tiny",
+                                                                                   "vllm:models/tiny")])
+def test_a_provider_slash_model_spec_suggests_the_colon_form(spec, meant, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no such folder here
+    with pytest.raises(ConfigError, match=f"did you mean {meant}\\?"):
+        policy_from_spec(spec)
+
+
+def test_extra_body_options_reach_every_request():
+    with ScriptedServer() as server:
+        policy = policy_from_spec("openai:m", PolicyOptions(base_url=server.url,
+                                                            extra_body={"reasoning_effort": "low"}))
+        policy.generate([Request(messages=[{"role": "user", "content": "hi"}])], SamplingParams())
+    assert server.requests[-1]["body"]["reasoning_effort"] == "low"
 
 
 def test_a_url_spec_uses_the_one_model_the_server_serves():

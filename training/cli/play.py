@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trace_gym.agents.specs import Backend, PolicyOptions
+from trace_gym.agents.specs import Backend, PolicyOptions, parse_extra_body
 from trace_gym.env_specs import parse_env_args
 from trace_gym.errors import ConfigError, ServerError
 
@@ -58,6 +58,7 @@ BACKEND_FLAGS: dict[str, tuple[str, tuple[Backend, ...]]] = {
     "--server": ("server", ("openai",)), "--tool-calls": ("tool_calls", ("openai",)),
     "--concurrency": ("concurrency", ("openai",)),
     "--max-retries": ("max_retries", ("openai",)), "--timeout": ("timeout", ("openai",)),
+    "--extra-body": ("extra_body", ("openai",)),
     "--device": ("device", ("hf",)), "--dtype": ("dtype", ("hf", "vllm")),
     "--max-model-len": ("max_model_len", ("vllm",)),
 }
@@ -106,6 +107,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
                      help=f"server: retries of a failed request, honouring Retry-After (default: {opts.max_retries})")
     pol.add_argument("--timeout", type=float, metavar="S",
                      help=f"server: seconds per request (default: {opts.timeout:g})")
+    pol.add_argument("--extra-body", metavar="JSON",
+                     help="server: fields added to every request, e.g. '{\"reasoning_effort\": \"low\"}' (fields "
+                          "a hosted reasoning model refuses, max_tokens and logprobs, are adapted without it)")
     pol.add_argument("--device", help=f"model folder: auto, cpu or cuda[:i] (default: {opts.device})")
     pol.add_argument("--dtype", help=f"model folder, vllm: weight dtype, e.g. float32 or bfloat16 "
                                      f"(default: {opts.dtype})")
@@ -195,6 +199,8 @@ def policy_run(command: str, args: argparse.Namespace) -> PolicyRun:
             raise ConfigError(f"expected {flag} only with {' or '.join(BACKEND_WORDS[r] for r in readers)}, got "
                               f"--policy {args.policy} ({BACKEND_WORDS[backend]}); fix: drop {flag}"
                               + (" or use --policy openai:NAME" if readers == ("openai",) else ""))
+        if name == "extra_body":
+            value = parse_extra_body(value)
         options = dataclasses.replace(options, **{name: value})
     keep_trees = command == "rollout" or bool(getattr(args, "trees", False))
     out = check_out(args.out, command, keep_trees)
