@@ -90,6 +90,9 @@ _ANSWER_HELP = "When you know the final answer, reply with <answer>your answer</
 # error that quoted "<tool_call>" came back as a new unclosed call, turn after turn.
 _AS_SHOWN = "write calls and the final answer as the system message shows"
 _NOTHING = "found no tool call and no final answer; " + _AS_SHOWN
+# A model trained on Hermes calls (Qwen's chat template) writes them on a tag-format env whatever its prompt says.
+_JSON_ON_TAGS = ("found a JSON tool call, which this env does not read (it takes tool tags); " + _AS_SHOWN +
+                 ". An env built with action_format=hermes reads JSON tool calls")
 # Inside a JSON string these would end the call block or start an answer early; "\u003c" is the same "<".
 _MARKERS = ("<tool_call>", "</tool_call>", "<answer>", "</answer>")
 
@@ -170,7 +173,7 @@ class TagParser:
         if calls and answer is not None:
             return ParsedAction(text, error="a turn gives either a tool call or a final answer, not both")
         if not calls and answer is None:
-            return ParsedAction(text, error=_NOTHING)
+            return ParsedAction(text, error=_JSON_ON_TAGS if "<tool_call>" in text else _NOTHING)
         return ParsedAction(text, calls=calls, answer=answer)
 
     def instructions(self, tools: Sequence[Tool]) -> str:

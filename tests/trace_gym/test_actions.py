@@ -75,6 +75,13 @@ def test_parsers_never_raise(text):
         assert (parsed.error is None) == bool(parsed.calls or parsed.answer is not None)
 
 
+def test_a_json_tool_call_on_the_tag_format_says_that_action_format_hermes_reads_it():
+    text = '<tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>'
+    error = TagParser().parse(text, TOOLS).error
+    assert error is not None and "action_format=hermes" in error and "<tool_call>" not in error
+    assert "action_format" not in TagParser().parse("no action at all", TOOLS).error
+
+
 MARKUP = ("<tool_call>", "</tool_call>", "<answer>", "</answer>", "<search>", "</search>", "<calc>", "</calc>")
 
 

@@ -227,6 +227,15 @@ def test_math_envs_default_to_hermes_and_arithmetic_to_tags() -> None:
     arithmetic.close()
 
 
+def test_a_qwen_style_call_on_arithmetics_tag_format_is_told_that_action_format_hermes_exists() -> None:
+    env = ArithmeticEnv(difficulty=1)
+    env.reset(seed=0)
+    obs, reward, terminated, _, info = env.step('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}'
+                                                "</tool_call>")
+    assert (reward, terminated) == (0.0, False) and "action_format=hermes" in info["error"] and obs.startswith("Error")
+    env.close()
+
+
 def test_a_final_turn_that_only_writes_boxed_is_the_answer_where_the_prompt_asks_for_it() -> None:
     env = MathEnv(dataset="gsm8k")
     env.reset(options={"index": 0})
