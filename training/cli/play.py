@@ -23,6 +23,8 @@ import argparse
 import dataclasses
 import json
 import math
+import shlex
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,7 +40,7 @@ from trace_gym.errors import ConfigError, ServerError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from trace_gym.training.rollout.evaluate import EvalResult
+    from trace_gym.training.rollout.evaluate import EvalResult, RowsFile
 
 # Sampling flags: their defaults per command. They are None in the parser, so that `eval --checkpoint` can tell
 # a given flag (an override of the run's config, CONFIG_KEYS) from an absent one.
@@ -150,6 +152,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     if not rollout:
         out.add_argument("--trees", action="store_true", help="also write the rollout trees (trace-gym view "
                                                               "renders them); needs a folder --out")
+    out.add_argument("--resume", action="store_true",
+                     help="continue the run whose rows (or trees) --out holds: its finished episodes are kept and "
+                          "not played again, the rest are played (its settings must be these)")
     out.add_argument("--json", action="store_true", help="print the summary as JSON (no table, no progress bar)")
 
 
@@ -173,6 +178,22 @@ class PolicyRun:
     out: Path | None
     keep_trees: bool
     as_json: bool
+    resume: bool = False
+
+    def settings(self) -> dict[str, Any]:
+        """What decides the episodes played, which ``--resume`` checks against the earlier run's."""
+        return {"command": self.command, "env": self.env, "env_args": self.env_args, "policy": self.policy,
+                "tasks": self.tasks, "samples": self.samples, "branches": self.branches,
+                "temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                "max_context": self.max_context}
+
+    def files(self) -> tuple[Path | None, Path | None]:
+        """(rows, trees): where the episodes' rows and the trees are written as they finish (module docstring)."""
+        if self.out is None:
+            return None, None
+        if self.out.suffix == ".jsonl":
+            return (None, self.out) if self.command == "rollout" else (self.out, None)
+        return self.out / "rows.jsonl", self.out / "trees.jsonl" if self.keep_trees else None
 
 
 def policy_run(command: str, args: argparse.Namespace) -> PolicyRun:
@@ -204,9 +225,13 @@ def policy_run(command: str, args: argparse.Namespace) -> PolicyRun:
         options = dataclasses.replace(options, **{name: value})
     keep_trees = command == "rollout" or bool(getattr(args, "trees", False))
     out = check_out(args.out, command, keep_trees)
+    resume = bool(getattr(args, "resume", False))
+    if resume and out is None:
+        raise ConfigError(f"expected --out with --resume (the earlier run's rows are there), got no --out; fix: "
+                          f"trace-gym {command} ... --out DIR --resume")
     return PolicyRun(command, args.env, parse_env_args(args.env_arg or []), args.policy, options, values["tasks"],
                      values["samples"], values.get("branches", 0), values["temperature"], values["max_new_tokens"],
-                     values["seed"], values["workers"], values["max_context"], out, keep_trees, args.json)
+                     values["seed"], values["workers"], values["max_context"], out, keep_trees, args.json, resume)
 
 
 def config_overrides(args: argparse.Namespace) -> list[str]:
@@ -256,12 +281,14 @@ def check_out(out: Path | None, command: str, keep_trees: bool) -> Path | None:
     return out
 
 
-def play(run: PolicyRun, progress: Callable[[int, int], None] | None = None) -> EvalResult:
-    """Build the env and the policy that ``run`` names and play it (`evaluate.evaluate_policy`)."""
+def play(run: PolicyRun, progress: Callable[[int, int], None] | None = None, rows: RowsFile | None = None
+         ) -> EvalResult:
+    """Build the env and the policy that ``run`` names and play it (`evaluate.evaluate_policy`), each episode's
+    row going to ``rows`` as it ends (the kept ones of a resumed run not played again)."""
     from trace_gym.agents.policy import SamplingParams
     from trace_gym.agents.specs import policy_from_spec
     from trace_gym.env_specs import env_factory
-    from trace_gym.training.rollout.evaluate import evaluate_policy
+    from trace_gym.training.rollout.evaluate import HELD_OUT, evaluate_policy
 
     make_env = env_factory(run.env, run.env_args)
     tasks = make_env.tasks()  # loads (and checks) the data before a model loads
@@ -272,26 +299,58 @@ def play(run: PolicyRun, progress: Callable[[int, int], None] | None = None) -> 
     policy = policy_from_spec(run.policy, run.options, make_env)
     sampling = SamplingParams(temperature=run.temperature, max_new_tokens=run.max_new_tokens)
     return evaluate_policy(policy, make_env, chosen, run.samples, sampling, run.seed, run.keep_trees, run.workers,
-                           run.max_context, run.branches, progress)
+                           run.max_context, run.branches, progress, kept=rows.kept if rows else (),
+                           on_episode=rows.episode if rows else None, breaker=HELD_OUT.breaker,
+                           on_tree=rows.tree if rows else None)
 
 
 def run(command: str, args: argparse.Namespace, console: Console | None = None) -> int:
-    """``trace-gym eval --policy`` or ``trace-gym rollout``: play, then `report`."""
+    """``trace-gym eval --policy`` or ``trace-gym rollout``: play, writing rows as episodes end, then `report`.
+    Ctrl-C and a server gone (the breaker) keep the finished rows and say in one line how to go on."""
     from rich.console import Console
+
+    from trace_gym.training.rollout.evaluate import EvalStopped, RowsFile
 
     console = console or Console()
     plan = policy_run(command, args)
+    rows_path, trees_path = plan.files()
+    rows = RowsFile(rows_path, plan.settings(), plan.resume, trees_path) if plan.out is not None else None
     start = time.perf_counter()
-    with progress_bar(console, enabled=not plan.as_json, label=command) as progress:
-        result = play(plan, progress)
+    try:
+        with progress_bar(console, enabled=not plan.as_json, label=command) as progress:
+            result = play(plan, progress, rows)
+    except KeyboardInterrupt:
+        if rows is not None:
+            rows.close()
+        print(f"trace-gym {command}: interrupted; {_kept(rows)}", file=sys.stderr)
+        return 130
+    except EvalStopped as exc:
+        if rows is not None:
+            rows.close()
+        raise ServerError(f"{exc}; {_kept(rows, 'when the server is back')}") from None
+    if rows is not None:
+        rows.finish(result)
     about = {"command": command, "env": plan.env, "env_args": plan.env_args, "policy": plan.policy,
              "samples": plan.samples, "branches": plan.branches, "temperature": plan.temperature,
              "max_new_tokens": plan.max_new_tokens, "seed": plan.seed}
-    summary = report(result, about, time.perf_counter() - start, plan.out, console, plan.as_json)
-    if result.episodes and result.errors == result.episodes:  # not the model's score: the server never answered
+    summary = report(result, about, time.perf_counter() - start, plan.out, console, plan.as_json,
+                     streamed=rows is not None)
+    failed = result.infra["server_error"]
+    if result.episodes and failed == result.episodes:  # not the model's score: the server never answered
         raise ServerError(f"every one of the {result.episodes} episodes ended on a failed request (rows written "
                           f"with each error); the first: {summary['first_error']}")
     return 0
+
+
+def _kept(rows: RowsFile | None, when: str = "to finish the rest") -> str:
+    """Where the finished episodes are and how to play the rest (one line's end)."""
+    if rows is None:
+        return "nothing kept (no --out); rerun with --out DIR to keep episodes as they finish"
+    where = rows.path or rows.trees
+    argv = sys.argv[1:]
+    again = "trace-gym " + shlex.join([*argv, *([] if "--resume" in argv else ["--resume"])]) if argv else \
+        "the same command with --resume"
+    return f"{rows.written} finished episodes kept in {where}; {when}, run {again}"
 
 
 @contextmanager
@@ -307,9 +366,19 @@ def progress_bar(console: Console, enabled: bool, label: str) -> Iterator[Callab
         yield lambda done, total: bar.update(done=done, total=total)
 
 
-def write_outputs(result: EvalResult, out: Path, command: str, summary: dict[str, Any]) -> dict[str, str]:
+def write_outputs(result: EvalResult, out: Path, command: str, summary: dict[str, Any], streamed: bool = False
+                  ) -> dict[str, str]:
     """Write ``result`` under ``out`` (module docstring: a .jsonl file gets the command's main output, a folder
-    all of them); returns the paths written, by kind. ``summary`` gains the list before it is saved."""
+    all of them); returns the paths written, by kind. ``summary`` gains the list before it is saved. With
+    ``streamed`` the rows and trees are already there (`RowsFile`): only the summary is written."""
+    if streamed:
+        rows, trees = ((None, out) if command == "rollout" else (out, None)) if out.suffix == ".jsonl" else \
+            (out / "rows.jsonl", out / "trees.jsonl" if (out / "trees.jsonl").is_file() else None)
+        files = {k: str(p) for k, p in (("rows", rows), ("trees", trees)) if p is not None}
+        if out.suffix != ".jsonl":
+            files["summary"] = str(out / "summary.json")
+            (out / "summary.json").write_text(json.dumps({**summary, "files": files}, indent=2) + "\n")
+        return files
     if out.suffix == ".jsonl":
         out.parent.mkdir(parents=True, exist_ok=True)
         if command == "rollout":
@@ -335,7 +404,8 @@ def _write_lines(path: Path, lines: Iterator[str]) -> None:
 def summarise(result: EvalResult, about: dict[str, Any], seconds: float) -> dict[str, Any]:
     """The summary of an evaluation: ``about`` (what ran) plus tasks, episodes, success with its 95% Wilson
     interval over tasks (None without tasks), tasks with mixed outcomes, mean turns, stop reasons, the episodes
-    whose generation failed (``errors``, each scored 0, and the first such error) and seconds."""
+    the infrastructure ended (``errors``: "server_error" and "infra_error", each counted in ``infra`` and never
+    scored; the first such error), the episodes ``scored`` and seconds."""
     lo, hi = result.interval()
     turns = [n for t in result.tasks for n in t.turns]
     reasons = Counter(r for t in result.tasks for r in t.stop_reasons)
@@ -343,7 +413,8 @@ def summarise(result: EvalResult, about: dict[str, Any], seconds: float) -> dict
     return {**about, "tasks": len(result.tasks), "episodes": result.episodes, "success": _num(result.success),
             "success_ci95": [_num(lo), _num(hi)], "mixed_tasks": sum(t.mixed for t in result.tasks),
             "mean_turns": sum(turns) / len(turns) if turns else 0.0, "stop_reasons": dict(reasons.most_common()),
-            "errors": result.errors, "first_error": first_error, "seconds": round(seconds, 2)}
+            "scored": result.scored, "errors": result.errors, "infra": result.infra, "first_error": first_error,
+            "seconds": round(seconds, 2)}
 
 
 def _num(x: float) -> float | None:
@@ -351,11 +422,12 @@ def _num(x: float) -> float | None:
 
 
 def report(result: EvalResult, about: dict[str, Any], seconds: float, out: Path | None, console: Console,
-           as_json: bool) -> dict[str, Any]:
-    """Write the outputs (when ``out``) and print the summary: as JSON, or as a table. Returns the summary."""
+           as_json: bool, streamed: bool = False) -> dict[str, Any]:
+    """Write the outputs (when ``out``; ``streamed`` as in `write_outputs`) and print the summary: as JSON, or as
+    a table. Returns the summary."""
     summary = summarise(result, about, seconds)
     if out is not None:
-        summary["files"] = write_outputs(result, out, about["command"], summary)
+        summary["files"] = write_outputs(result, out, about["command"], summary, streamed)
     if as_json:
         console.out(json.dumps(summary, indent=2), highlight=False)  # plain JSON, for jq, even on a terminal
     else:
@@ -390,8 +462,10 @@ def summary_table(summary: dict[str, Any]) -> Any:
             ("mean turns", f"{summary['mean_turns']:.2f}"),
             ("stop reasons", ", ".join(f"{k} {v}" for k, v in summary["stop_reasons"].items()) or "-")]
     if summary.get("errors"):
-        rows.append(("errors", f"{summary['errors']} of {summary['episodes']} episodes ended on a failed request "
-                               f"(scored 0); the first: {summary['first_error']}"))
+        what = ", ".join(f"{k} {v}" for k, v in summary.get("infra", {}).items() if v)
+        rows.append(("not scored", f"{summary['errors']} of {summary['episodes']} episodes ended by the "
+                                   f"infrastructure ({what}), left out of the success; the first: "
+                                   f"{summary['first_error']}"))
     rows.append(("seconds", f"{summary['seconds']:.1f}"))
     rows += [(kind, path) for kind, path in summary.get("files", {}).items()]
     for name, value in rows:

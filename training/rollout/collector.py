@@ -177,6 +177,7 @@ class _Branch:
     index: int  # position in the stage call (seeds)
     turn: int = 0
     done: bool = False
+    leaf: int = -1  # the node it ended at, once done
 
 
 def path_tokens(tree: RolloutTree, node_id: int) -> tuple[list[int], list[Segment]]:
@@ -321,22 +322,7 @@ class TreeCollector:
         stats = CollectStats(trajectories=len(starts))
         active = [_Branch(tid, int(node), i) for (tid, node), i in zip(starts, indices)]
         while active:
-            t0 = time.perf_counter()
-            gens = self.policy.generate([self._request(b, seed) for b in active], self.sampling)
-            stats.generate_s += time.perf_counter() - t0
-            stats.generate_calls += 1
-            if len(gens) != len(active) or not all(isinstance(g.text, str) for g in gens):
-                raise TypeError(f"expected one Generation with text per request from {type(self.policy).__name__}, "
-                                f"got {len(gens)} for {len(active)} requests, texts of types "
-                                f"{sorted({type(g.text).__name__ for g in gens})}; fix: the policy must follow the "
-                                "Policy contract (agents/policy.py)")
-            by_tree: dict[str, list[tuple[_Branch, Generation]]] = {}
-            for b, g in zip(active, gens):
-                by_tree.setdefault(b.task_id, []).append((b, g))
-            t0 = time.perf_counter()
-            for part in self._executor.map(self._step_tree, by_tree.values()):
-                stats += part
-            stats.env_s += time.perf_counter() - t0
+            self._turn(active, seed, stats)
             active = [b for b in active if not b.done]
         if continued:  # nothing branches from this step's trees again
             self._release_natives(set())
@@ -344,7 +330,53 @@ class TreeCollector:
             self._trees[tid].bare = False
         return stats
 
+    def stream(self, refill: Callable[[int], Sequence[tuple[str, int, int]]], seed: int,
+               ended: Callable[[str, int, int], None]) -> CollectStats:
+        """Rollouts started as they are asked for, in lockstep: before every generate call ``refill(active)``
+        returns the (task id, node id, seeding index) starts to add to the ``active`` ones (from open nodes of trees
+        started this step; the caller bounds how many run at once), and ``ended(task id, leaf id, index)`` hears
+        each rollout as it ends, in the calling thread. Ends when nothing is active and ``refill`` adds nothing.
+        Only bare rollouts' trees are expected here (no native snapshots are released or kept)."""
+        stats = CollectStats()
+        active: list[_Branch] = []
+        while True:
+            starts = list(refill(len(active)))
+            check_open([(tid, node) for tid, node, _ in starts], self.trees)
+            active += [_Branch(tid, int(node), int(i)) for tid, node, i in starts]
+            stats.trajectories += len(starts)
+            if not active:
+                return stats
+            self._turn(active, seed, stats)
+            for b in active:
+                if b.done:
+                    ended(b.task_id, b.leaf, b.index)
+            active = [b for b in active if not b.done]
+
+    def release(self, task_id: str) -> None:
+        """Return the env of this step's tree of ``task_id`` to the pool (the tree object stays readable; the
+        collector forgets it)."""
+        self._pool.append(self._trees.pop(task_id).wrapper)
+
     # ----------------------------------------------------------------- internals
+    def _turn(self, active: list[_Branch], seed: int, stats: CollectStats) -> None:
+        """One generate call for every active branch, then their env steps (a thread pool job per tree)."""
+        t0 = time.perf_counter()
+        gens = self.policy.generate([self._request(b, seed) for b in active], self.sampling)
+        stats.generate_s += time.perf_counter() - t0
+        stats.generate_calls += 1
+        if len(gens) != len(active) or not all(isinstance(g.text, str) for g in gens):
+            raise TypeError(f"expected one Generation with text per request from {type(self.policy).__name__}, "
+                            f"got {len(gens)} for {len(active)} requests, texts of types "
+                            f"{sorted({type(g.text).__name__ for g in gens})}; fix: the policy must follow the "
+                            "Policy contract (agents/policy.py)")
+        by_tree: dict[str, list[tuple[_Branch, Generation]]] = {}
+        for b, g in zip(active, gens):
+            by_tree.setdefault(b.task_id, []).append((b, g))
+        t0 = time.perf_counter()
+        for part in self._executor.map(self._step_tree, by_tree.values()):
+            stats += part
+        stats.env_s += time.perf_counter() - t0
+
     def _wrapper(self) -> TreeRolloutWrapper:
         if self._pool:
             return self._pool.pop()
@@ -381,7 +413,7 @@ class TreeCollector:
             node.token_ids, node.finish_reason = [], "error"
             state.messages[node.id] = list(state.messages[b.node])
             stats.server_errors += 1
-            b.done = True
+            b.done, b.leaf = True, node.id
             return
         restored = w.node_id != b.node
         if restored:
@@ -412,7 +444,7 @@ class TreeCollector:
         messages = list(info["messages"])
         state.messages[node.id] = messages
         if terminated or truncated:
-            b.done = True
+            b.done, b.leaf = True, node.id
             return
         if self.tokenizer is not None:
             conv = state.convs[b.node].copy()
@@ -424,6 +456,6 @@ class TreeCollector:
                 node.truncated = True
                 node.info["stop_reason"] = "max_context"
                 stats.context_cuts += 1
-                b.done = True
+                b.done, b.leaf = True, node.id
                 return
         b.node = node.id

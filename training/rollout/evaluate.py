@@ -1,7 +1,11 @@
-"""Held-out evaluation: bare rollouts through a `TreeCollector`, per-prompt outcomes and 95% intervals.
+"""Held-out evaluation, the one home of it: what "held-out" means, its defaults, the episodes played one by
+one (rows written as they end, resumable), per-prompt outcomes and 95% intervals. `trace-gym eval`/`rollout`,
+`trace-gym train` (`Trainer.evaluate`), `trace-gym sft` and the benchmarks all evaluate through here.
 
-`evaluate(collector, tasks, samples, seed)` plays ``samples`` episodes of every task and returns an
-`EvalResult`: per task the reward, turns and stop reason of each sample, the mean success with a 95%
+`held_out_tasks(make_eval_env, n)` names the prompts: the first ``n`` tasks of the env built with the evaluation's
+arguments (a run's ``env.eval_kwargs``, `sft`'s ``--eval-env-arg``). `HELD_OUT` holds the defaults (`EvalConfig`'s
+and `RolloutConfig`'s). `evaluate(collector, tasks, samples, seed)` plays ``samples`` episodes of every task and
+returns an `EvalResult`: per task the reward, turns and stop reason of each sample, the mean success with a 95%
 interval over prompts, and the trees when asked (for the viewer). `paired_difference(before, after)` compares
 two evaluations of the same prompts by their per-prompt differences, which removes the prompts' own spread
 from the interval (the way to tell whether training changed anything). `expert_sequences` and
@@ -10,19 +14,28 @@ scripted expert trajectory.
 
 Choices:
 1. A sample succeeds when its reward is > 0 (rewards are binary by default); a prompt's score is the mean
-   over its samples, and the success's interval is Wilson's over prompts (prompts are the independent draws;
-   samples of one prompt are not): it means something at 0 and 1, where a t-interval collapses to the point
-   (training/stats.py). A sample whose generation failed (a server out of retries) is a failure, counted in
-   `EvalResult.errors`.
-2. Prompts are played ``chunk`` at a time (default 64) through one collector step each, so at most that many
-   envs are open; chunk c samples with seed ``derive(seed, c, 0)``. Callers pass a fresh ``seed`` per
-   evaluation (the trainer derives it from (run seed, step)), so repeated evaluations do not reuse draws.
-3. ``branches`` (tree rollouts, `trace-gym rollout`): after a chunk's bare rollouts, each tree is continued
-   ``branches`` times, in rounds of one continuation per tree, each from a node drawn uniformly among the
-   tree's open (non-terminal) nodes at that moment, earlier continuations' nodes included; round b samples
-   with ``derive(seed, c, 2 + b)`` and the draws come from a generator
-   ``generator(seed, c, 1)`` (`trace_gym.seeds`). Their leaves count as episodes of the prompt like its bare samples.
-4. The expert measure scores P(the expert's actions | its observations) at T = 1 under the trained model, so
+   over its scored samples, and the success's interval is Wilson's over prompts (prompts are the independent
+   draws; samples of one prompt are not): it means something at 0 and 1, where a t-interval collapses to the
+   point (training/stats.py). An episode ended by the infrastructure, not the model (``stop_reason``
+   "server_error": the policy's server out of retries; "infra_error": the env's answer checker unavailable), is
+   not scored: it is counted apart (`EvalResult.infra`) and never lowers the success.
+2. Episodes, not turns, are scheduled: at most ``in_flight`` run at once (a model's batch, a server's
+   concurrency), all active ones in one generate call per turn, and a finished one is replaced by the next
+   before the next call (`TreeCollector.stream`). Prompts start in order and a prompt's env returns to the
+   pool when its last episode ends, so at most about ``in_flight`` envs are open. ``on_episode`` hears each
+   episode as it ends (the CLI appends it to the rows file then), so an evaluation cut short keeps what finished.
+3. Episode k of the i-th task samples with indices derived from (seed, i * (samples + branches) + k, turn),
+   whatever ran beside it: a resumed evaluation (``kept``: the episodes an earlier run finished, not replayed)
+   draws what an uninterrupted one would. Callers pass a fresh ``seed`` per evaluation (the trainer derives it
+   from (run seed, step)), so repeated evaluations do not reuse draws.
+4. ``branches`` (tree rollouts, `trace-gym rollout`): after a task's bare samples, its tree is continued
+   ``branches`` times, one continuation at a time, each from a node drawn uniformly among the tree's open
+   (non-terminal) nodes at that moment, earlier continuations' nodes included, the draws from a generator
+   ``generator(seed, i, 1)`` (`trace_gym.seeds`). Their leaves count as episodes of the prompt like its bare
+   samples.
+5. ``breaker``: that many episodes in a row ended by a failed request stop the evaluation (`EvalStopped`)
+   instead of spending every remaining episode's retries on a server that is gone; the finished episodes stand.
+6. The expert measure scores P(the expert's actions | its observations) at T = 1 under the trained model, so
    it has no sampling noise: its paired interval over 200 prompts is ~10x narrower than 200 x 2 sampled
    episodes' (docs/learning.md). It exists for envs whose expert plays one canonical solution (Arithmetic);
    a rise says the policy moved toward correct play, not that it samples it, so it goes beside success,
@@ -32,25 +45,92 @@ Choices:
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.env_specs import EnvFactory, env_tasks
-from trace_gym.errors import ConfigError
+from trace_gym.errors import ConfigError, ServerError
 from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
 from trace_gym.training.config import EvalConfig, RolloutConfig
 from trace_gym.training.rollout.collector import TreeCollector
-from trace_gym.training.stats import PairedDifference, mean_ci95, wilson_interval
+from trace_gym.training.stats import PairedDifference, wilson_interval
 from trace_gym.tree import Node, RolloutTree
 from trace_gym.tree_stats import is_mixed
+
+INFRA_FAILURES = ("server_error", "infra_error")
+"""Stop reasons of episodes the infrastructure ended, not the model (choice 1): counted apart, never scored."""
+
+
+@dataclass(frozen=True)
+class HeldOutDefaults:
+    """The one set of defaults of a held-out evaluation (`trace-gym eval`, `sft`, a run's ``eval`` section)."""
+
+    tasks: int = EvalConfig.model_fields["tasks"].default
+    samples: int = EvalConfig.model_fields["samples"].default
+    temperature: float = EvalConfig.model_fields["temperature"].default
+    max_new_tokens: int = RolloutConfig.model_fields["max_new_tokens"].default
+    max_context: int = RolloutConfig.model_fields["max_context"].default
+    in_flight: int = 64
+    """Episodes at once for a policy without a ``concurrency`` of its own (a local model's batch; choice 2)."""
+    breaker: int = 8
+    """Episodes in a row ended by a failed request that stop an evaluation (choice 5)."""
+
+    def sampling(self, temperature: float | None = None, max_new_tokens: int | None = None) -> SamplingParams:
+        """The evaluation's sampling: greedy and `max_new_tokens` tokens per turn unless told otherwise."""
+        return SamplingParams(temperature=self.temperature if temperature is None else temperature,
+                              max_new_tokens=max_new_tokens or self.max_new_tokens)
+
+
+HELD_OUT = HeldOutDefaults()
+
+
+def held_out_tasks(make_eval_env: Callable[[], gym.Env], n: int = HELD_OUT.tasks) -> list[Task]:
+    """The held-out prompts: the first ``n`` tasks (all of them when 0) of the env built with the evaluation's
+    arguments."""
+    tasks = env_tasks(make_eval_env)
+    return tasks[:n] if n else tasks
+
+
+@dataclass(frozen=True)
+class EpisodeRow:
+    """One finished episode, as a line of the rows file: its task, its place among the task's episodes (bare
+    samples first, then continuations; it seeds the episode, choice 3) and how it went."""
+
+    task_id: str
+    episode: int
+    reward: float
+    turns: int
+    stop_reason: str
+    answer: str = ""
+    tool_calls: int = 0
+    error: str | None = None
+
+    @property
+    def scored(self) -> bool:
+        """Whether the model, not the infrastructure, ended it (choice 1)."""
+        return self.stop_reason not in INFRA_FAILURES
+
+    def row(self) -> dict[str, Any]:
+        """The JSONL row: task id, episode, success (None when not scored), reward, turns, stop reason, answer,
+        tool calls and error (None unless its generation failed)."""
+        return {"task_id": self.task_id, "episode": self.episode,
+                "success": float(self.reward > 0) if self.scored else None, "reward": self.reward,
+                "turns": self.turns, "stop_reason": self.stop_reason, "answer": self.answer,
+                "tool_calls": self.tool_calls, "error": self.error}
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> EpisodeRow:
+        """The episode a `row` wrote."""
+        return cls(str(row["task_id"]), int(row["episode"]), float(row["reward"]), int(row["turns"]),
+                   str(row["stop_reason"]), str(row.get("answer") or ""), int(row.get("tool_calls") or 0),
+                   row.get("error"))
 
 
 @dataclass(frozen=True)
@@ -68,24 +148,46 @@ class TaskOutcome:
     errors: tuple[str | None, ...] = ()
     """Why each sample's generation failed, when it did (``info["error"]``: a server out of retries), else None."""
 
+    @classmethod
+    def of(cls, task_id: str, episodes: Sequence[EpisodeRow]) -> TaskOutcome:
+        """The outcome of a task's episodes, in the order of their ``episode`` numbers."""
+        eps = sorted(episodes, key=lambda e: e.episode)
+        return cls(task_id, tuple(e.reward for e in eps), tuple(e.turns for e in eps),
+                   tuple(e.stop_reason for e in eps), tuple(e.answer for e in eps),
+                   tuple(e.tool_calls for e in eps), tuple(e.error for e in eps))
+
+    def episodes(self) -> list[EpisodeRow]:
+        """Each sample as an `EpisodeRow`, numbered in order."""
+        n = len(self.rewards)
+        answers, calls, errors = self.answers or ("",) * n, self.tool_calls or (0,) * n, self.errors or (None,) * n
+        return [EpisodeRow(self.task_id, k, *fields) for k, fields in
+                enumerate(zip(self.rewards, self.turns, self.stop_reasons, answers, calls, errors))]
+
+    @property
+    def scored(self) -> np.ndarray:
+        """(samples,) whether each sample is scored (choice 1)."""
+        return np.array([r not in INFRA_FAILURES for r in self.stop_reasons], dtype=bool)
+
     @property
     def success(self) -> float:
-        """Share of this prompt's samples that succeeded (choice 1)."""
-        return float(np.mean([r > 0 for r in self.rewards])) if self.rewards else float("nan")
+        """Share of this prompt's scored samples that succeeded (choice 1); NaN when none is scored."""
+        wins = [r > 0 for r, ok in zip(self.rewards, self.scored) if ok]
+        return float(np.mean(wins)) if wins else float("nan")
 
     @property
     def tool_use(self) -> float:
-        """Share of this prompt's samples that called a tool at least once."""
-        return float(np.mean([n > 0 for n in self.tool_calls])) if self.tool_calls else float("nan")
+        """Share of this prompt's scored samples that called a tool at least once."""
+        used = [n > 0 for n, ok in zip(self.tool_calls, self.scored) if ok]
+        return float(np.mean(used)) if used else float("nan")
 
     @property
     def mixed(self) -> bool:
-        """Whether the samples hold both a success and a failure (the prompts tree advantages learn from)."""
-        return is_mixed(np.array([r > 0 for r in self.rewards]), np.ones(len(self.rewards), dtype=bool))
+        """Whether the scored samples hold both a success and a failure (the prompts tree advantages learn from)."""
+        return is_mixed(np.array([r > 0 for r in self.rewards]), self.scored)
 
     def row(self) -> dict[str, Any]:
-        """The JSONL row of this prompt: task id, success, and each sample's reward, turns, stop reason, answer,
-        tool calls and error (None unless its generation failed)."""
+        """This prompt summed up: task id, success, and each sample's reward, turns, stop reason, answer, tool
+        calls and error (None unless its generation failed)."""
         return {"task_id": self.task_id, "success": self.success, "rewards": list(self.rewards),
                 "turns": list(self.turns), "stop_reasons": list(self.stop_reasons), "answers": list(self.answers),
                 "tool_calls": list(self.tool_calls), "errors": list(self.errors)}
@@ -105,38 +207,164 @@ class EvalResult:
         return sum(len(t.rewards) for t in self.tasks)
 
     @property
+    def scored(self) -> int:
+        """Episodes the model ended (choice 1), over all prompts."""
+        return sum(int(t.scored.sum()) for t in self.tasks)
+
+    @property
+    def infra(self) -> dict[str, int]:
+        """Episodes the infrastructure ended, by stop reason (INFRA_FAILURES, each present)."""
+        return {k: sum(r == k for t in self.tasks for r in t.stop_reasons) for k in INFRA_FAILURES}
+
+    @property
     def success(self) -> float:
-        """Mean over prompts of each prompt's success (the mean over episodes when samples are equal)."""
-        return mean_ci95([t.success for t in self.tasks])[0]
+        """Mean over prompts of each prompt's success (the mean over episodes when samples are equal); prompts
+        with no scored sample are left out."""
+        return _mean([t.success for t in self.tasks])
 
     @property
     def tool_use(self) -> float:
         """Mean over prompts of the share of samples that called a tool (the habit RL may teach or unteach)."""
-        return mean_ci95([t.tool_use for t in self.tasks])[0]
+        return _mean([t.tool_use for t in self.tasks])
 
     @property
     def errors(self) -> int:
-        """Episodes that ended on a failed generation (``stop_reason`` "server_error"), over all prompts."""
-        return sum(r == "server_error" for t in self.tasks for r in t.stop_reasons)
+        """Episodes the infrastructure ended ("server_error" or "infra_error"), over all prompts."""
+        return sum(self.infra.values())
 
     def interval(self) -> tuple[float, float]:
-        """95% Wilson interval of `success` over prompts (choice 1; NaN bounds without prompts)."""
+        """95% Wilson interval of `success` over prompts with a scored sample (choice 1; NaN bounds without)."""
         scored = [t.success for t in self.tasks if np.isfinite(t.success)]
         return wilson_interval(float(np.mean(scored)) if scored else float("nan"), len(scored))
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
-        """Success, its interval bounds, tool use, episodes and mean turns as ``{prefix}name`` floats."""
+        """Success, its interval bounds, tool use, episodes, the infrastructure's failures and mean turns as
+        ``{prefix}name`` floats."""
         lo, hi = self.interval()
         turns = [n for t in self.tasks for n in t.turns]
         return {f"{prefix}success": self.success, f"{prefix}success_lo": lo, f"{prefix}success_hi": hi,
                 f"{prefix}tool_use": self.tool_use, f"{prefix}episodes": float(self.episodes),
-                f"{prefix}errors": float(self.errors), f"{prefix}turns": float(np.mean(turns)) if turns else 0.0}
+                f"{prefix}errors": float(self.errors), f"{prefix}scored": float(self.scored),
+                f"{prefix}turns": float(np.mean(turns)) if turns else 0.0}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every episode's row, prompt by prompt in order."""
+        return [e.row() for t in self.tasks for e in t.episodes()]
 
     def write(self, rows: str | Path, trees: str | Path | None = None) -> None:
-        """Per-task rows as JSONL to ``rows``; the kept trees (the viewer's input) to ``trees`` when given."""
-        Path(rows).write_text("".join(json.dumps(t.row()) + "\n" for t in self.tasks))
+        """Episode rows as JSONL to ``rows``; the kept trees (the viewer's input) to ``trees`` when given."""
+        Path(rows).write_text("".join(json.dumps(r) + "\n" for r in self.rows()))
         if trees is not None:
             Path(trees).write_text("".join(t.to_json() + "\n" for t in self.trees))
+
+
+class EvalStopped(ServerError):
+    """An evaluation stopped by its breaker (choice 5); ``result`` holds the episodes that finished."""
+
+    def __init__(self, message: str, result: EvalResult):
+        super().__init__(message)
+        self.result = result
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+class RowsFile:
+    """An evaluation's rows as it goes (choice 2): one JSON line per finished episode (`EpisodeRow.row`), appended
+    and flushed as the episode ends, and beside it ``NAME.settings.json``, what was evaluated. ``resume=True``
+    keeps the rows an earlier run wrote (`kept`; a line cut short by a kill is dropped) after checking that its
+    settings are ``settings``; otherwise the file starts empty. ``trees`` (a JSONL file, appended as each task
+    ends): on resume only the episodes of tasks whose tree was written are kept, the others play again."""
+
+    def __init__(self, path: Path | None, settings: Mapping[str, Any], resume: bool = False,
+                 trees: Path | None = None):
+        self.path, self.trees = path, trees
+        anchor = path or trees
+        if anchor is None:
+            raise ConfigError("expected a rows or trees file to write, got neither; fix: --out DIR or FILE.jsonl")
+        self.settings_path = anchor.with_name(anchor.stem + ".settings.json")
+        self.settings = json.loads(json.dumps(dict(settings)))  # as a reread file would hold them
+        self.kept: list[EpisodeRow] = []
+        self.written = 0
+        """Finished episodes on file: the kept ones and those appended since."""
+        if resume:
+            self._resume(anchor)
+        else:
+            anchor.parent.mkdir(parents=True, exist_ok=True)
+            self.settings_path.write_text(json.dumps(self.settings, indent=2) + "\n")
+            for f in (path, trees):
+                if f is not None:
+                    f.write_text("")
+        self.written = len(self.kept)
+        self._rows = path.open("a") if path is not None else None
+        self._trees = trees.open("a") if trees is not None else None
+
+    def _resume(self, anchor: Path) -> None:
+        if not self.settings_path.is_file():
+            raise ConfigError(f"expected an earlier run's rows to resume at {str(anchor)!r} (and "
+                              f"{self.settings_path.name}), got none; fix: drop --resume to start one")
+        before = json.loads(self.settings_path.read_text())
+        changed = [k for k in sorted(set(before) | set(self.settings)) if before.get(k) != self.settings.get(k)]
+        if changed:
+            k = changed[0]
+            raise ConfigError(f"expected the settings of the run that wrote {str(anchor)!r} to resume it, got "
+                              f"{k}={self.settings.get(k)!r} where it ran with {before.get(k)!r}; fix: rerun with "
+                              "its settings, or drop --resume to start over")
+        trees = [RolloutTree.from_json(line) for line in _complete_lines(self.trees)] if self.trees else None
+        if self.path is not None:
+            self.kept = [EpisodeRow.from_row(json.loads(line)) for line in _complete_lines(self.path)]
+            if trees is not None:
+                finished = {t.task_id for t in trees}
+                self.kept = [e for e in self.kept if e.task_id in finished]
+            self.path.write_text("".join(json.dumps(e.row()) + "\n" for e in self.kept))
+        elif trees is not None:  # the trees alone say which tasks finished
+            self.kept = [_episode(t, leaf, k) for t in trees for k, leaf in enumerate(t.leaves())]
+
+    def episode(self, row: EpisodeRow) -> None:
+        """Append ``row`` and flush it to the file (`evaluate`'s ``on_episode``)."""
+        self.written += 1
+        if self._rows is not None:
+            self._rows.write(json.dumps(row.row()) + "\n")
+            self._rows.flush()
+
+    def tree(self, tree: RolloutTree) -> None:
+        """Append a finished task's tree (`evaluate`'s ``on_tree``)."""
+        if self._trees is not None:
+            self._trees.write(tree.to_json() + "\n")
+            self._trees.flush()
+
+    def finish(self, result: EvalResult) -> None:
+        """Rewrite the rows prompt by prompt in order (they were appended as episodes ended), then close."""
+        self.close()
+        if self.path is not None:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in result.rows()))
+            tmp.replace(self.path)
+
+    def close(self) -> None:
+        for f in (self._rows, self._trees):
+            if f is not None and not f.closed:
+                f.close()
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The whole JSON lines of ``path`` (none when absent); a last line cut short by a kill is rewritten away."""
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines(keepends=True)
+    whole = []
+    for line in lines:
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if line.endswith("\n"):
+            whole.append(line)
+    if len(whole) != len(lines):
+        path.write_text("".join(whole))
+    return [line.rstrip("\n") for line in whole]
 
 
 def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference:
@@ -149,11 +377,9 @@ def paired_difference(before: EvalResult, after: EvalResult) -> PairedDifference
     return PairedDifference.of([a[tid] - b[tid] for tid in b])
 
 
-def _outcome(tree: RolloutTree) -> TaskOutcome:
-    leaves = tree.leaves()
-    return TaskOutcome(tree.task_id, tuple(float(n.reward) for n in leaves), tuple(n.depth for n in leaves),
-                       tuple(_stop_reason(n) for n in leaves), tuple(_answer(n) for n in leaves),
-                       tuple(_tool_calls(tree, n) for n in leaves), tuple(n.info.get("error") for n in leaves))
+def _episode(tree: RolloutTree, leaf: Node, k: int) -> EpisodeRow:
+    return EpisodeRow(tree.task_id, k, float(leaf.reward), leaf.depth, _stop_reason(leaf), _answer(leaf),
+                      _tool_calls(tree, leaf), leaf.info.get("error"))
 
 
 def _tool_calls(tree: RolloutTree, leaf: Node) -> int:
@@ -200,22 +426,90 @@ def rollout_chunks(collector: TreeCollector, counts: Mapping[str, int], seed: in
 
 
 def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed: int,
-             keep_trees: bool = False, branches: int = 0, progress: Callable[[int, int], None] | None = None
-             ) -> EvalResult:
+             keep_trees: bool = False, branches: int = 0, progress: Callable[[int, int], None] | None = None,
+             in_flight: int = HELD_OUT.in_flight, kept: Sequence[EpisodeRow] = (),
+             on_episode: Callable[[EpisodeRow], None] | None = None, breaker: int = 0,
+             on_tree: Callable[[RolloutTree], None] | None = None) -> EvalResult:
     """``samples`` episodes of each task through ``collector`` (built on the evaluation env and its tasks), and
-    ``branches`` continuations of each task's tree (choice 3). ``progress(done, total)`` hears the episodes
-    finished after each collector call (total: every sample and continuation)."""
+    ``branches`` continuations of each task's tree (choice 4), ``in_flight`` episodes at once (choice 2).
+    ``kept`` episodes are not played again (choice 3); ``on_episode`` hears each new episode as it ends,
+    ``on_tree`` each tree as its task ends, ``progress(done, total)`` the episodes finished (kept ones
+    included). ``breaker > 0`` stops after that many failed requests in a row (choice 5)."""
     if samples < 1:
         raise ConfigError(f"expected samples >= 1, got {samples}")
-    outcomes: list[TaskOutcome] = []
-    trees: list[RolloutTree] = []
-    total = len(tasks) * (samples + branches)
-    report = None if progress is None else (lambda done: progress(done, total))
-    for part in rollout_chunks(collector, {t.id: samples for t in tasks}, seed, branches=branches, progress=report):
-        outcomes.extend(_outcome(tree) for tree in part.values())
-        if keep_trees:
-            trees.extend(part.values())
-    return EvalResult(outcomes, seed, trees)
+    if branches < 0:
+        raise ConfigError(f"expected branches >= 0, got {branches}; fix: e.g. 3 continuations per tree, or 0")
+    if in_flight < 1:
+        raise ConfigError(f"expected in_flight >= 1 episodes at once, got {in_flight}")
+    per_task = samples + branches
+    done: dict[str, dict[int, EpisodeRow]] = {t.id: {} for t in tasks}
+    for e in kept:
+        if e.task_id in done and e.episode < per_task:
+            done[e.task_id][e.episode] = e
+    order = {t.id: i for i, t in enumerate(tasks)}
+    pending = [(t.id, k) for t in tasks for k in range(samples) if k not in done[t.id]]
+    # Continuations need their task's bare samples: a task's next one waits until none of its episodes runs.
+    branch_left = {t.id: [k for k in range(samples, per_task) if k not in done[t.id]] for t in tasks}
+    running: dict[str, int] = {}
+    trees: dict[str, RolloutTree] = {}
+    kept_trees: list[RolloutTree] = []
+    total = len(tasks) * per_task
+    count = sum(len(d) for d in done.values())
+    failures = [0]  # failed requests in a row (choice 5)
+    collector.begin_step()
+
+    def start(tid: str, k: int) -> tuple[str, int, int]:
+        if tid not in trees:
+            trees[tid] = collector.open_tree(tid)
+        running[tid] = running.get(tid, 0) + 1
+        node = 0
+        if k >= samples:  # choice 4
+            rng = generator(seed, order[tid], 1, k)
+            open_nodes = [n.id for n in trees[tid] if not n.is_terminal]  # the root stays open
+            node = open_nodes[int(rng.integers(len(open_nodes)))]
+        return tid, node, order[tid] * per_task + k
+
+    def refill(active: int) -> list[tuple[str, int, int]]:
+        starts = []
+        for tid, left in branch_left.items():
+            if active + len(starts) >= in_flight:
+                return starts
+            if left and not running.get(tid) and not any(p[0] == tid for p in pending):
+                starts.append(start(tid, left.pop(0)))
+        while pending and active + len(starts) < in_flight:
+            starts.append(start(*pending.pop(0)))
+        return starts
+
+    def ended(tid: str, leaf: int, index: int) -> None:
+        nonlocal count
+        tree = trees[tid]
+        row = _episode(tree, tree[leaf], index - order[tid] * per_task)
+        done[tid][row.episode] = row
+        running[tid] -= 1
+        count += 1
+        if on_episode is not None:
+            on_episode(row)
+        if progress is not None:
+            progress(count, total)
+        if len(done[tid]) == per_task:
+            if keep_trees:
+                kept_trees.append(tree)
+            if on_tree is not None:
+                on_tree(tree)
+            collector.release(tid)
+        failures[0] = failures[0] + 1 if row.stop_reason == "server_error" else 0
+        if breaker and failures[0] >= breaker:
+            raise EvalStopped(f"stopped after {failures[0]} episodes in a row ended on a failed request (the last: "
+                              f"{row.error})", result())
+
+    def result() -> EvalResult:
+        outcomes = [TaskOutcome.of(t.id, list(done[t.id].values())) for t in tasks if done[t.id]]
+        return EvalResult(outcomes, seed, kept_trees)
+
+    if progress is not None:
+        progress(count, total)
+    collector.stream(refill, derive(seed, 0), ended)
+    return result()
 
 
 def eval_collector(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task], evaluation: EvalConfig,
@@ -228,24 +522,27 @@ def eval_collector(policy: Policy, make_env: Callable[[], gym.Env], tasks: Seque
 
 def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task] | int | None = None,
                     samples: int = 1, sampling: SamplingParams | None = None, seed: int = 0,
-                    keep_trees: bool = False, workers: int = 4, max_context: int = 4096, branches: int = 0,
-                    progress: Callable[[int, int], None] | None = None) -> EvalResult:
+                    keep_trees: bool = False, workers: int = 4, max_context: int = HELD_OUT.max_context,
+                    branches: int = 0, progress: Callable[[int, int], None] | None = None,
+                    in_flight: int | None = None, kept: Sequence[EpisodeRow] = (),
+                    on_episode: Callable[[EpisodeRow], None] | None = None, breaker: int = 0,
+                    on_tree: Callable[[RolloutTree], None] | None = None) -> EvalResult:
     """Any policy on an env: ``samples`` episodes of each of ``tasks`` (the env's tasks, all of them by default
     or the first ``tasks`` when an int) through a fresh `TreeCollector`, plus ``branches`` continuations of
-    each task's tree (choice 3). Token ids are recorded exactly when the policy has a tokenizer (a scripted
-    expert plays on messages). ``progress(done, total)`` hears every finished episode (a progress bar)."""
+    each task's tree (choice 4); `HELD_OUT`'s sampling unless ``sampling`` is given. Token ids are recorded
+    exactly when the policy has a tokenizer (a scripted expert plays on messages). ``in_flight`` defaults to
+    the policy's ``concurrency`` (a server's), else `HELD_OUT.in_flight`; the other arguments as in `evaluate`."""
     from trace_gym.agents.scripted import ExpertPolicy
 
     chosen = list(tasks) if isinstance(tasks, Sequence) else env_tasks(make_env)[:tasks]
     tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
-    counter = None if progress is None else _EpisodeCounter(progress, len(chosen) * (samples + branches))
-    envs = make_env if counter is None else (lambda: _CountingEnv(make_env(), counter))
+    width = in_flight or int(getattr(policy, "concurrency", 0) or HELD_OUT.in_flight)
     # Replay snapshots cost nothing until a rollout branches; branching restores native snapshots directly.
-    collector = TreeCollector(policy, envs, chosen, sampling or SamplingParams(), tokenizer,
+    collector = TreeCollector(policy, make_env, chosen, sampling or HELD_OUT.sampling(), tokenizer,
                               "native" if branches else "replay", workers, max_context)
     try:
-        return evaluate(collector, chosen, samples, seed, keep_trees, branches,
-                        None if counter is None else counter.reached)
+        return evaluate(collector, chosen, samples, seed, keep_trees, branches, progress, width, kept, on_episode,
+                        breaker, on_tree)
     finally:
         collector.close()
 
@@ -300,41 +597,3 @@ def expert_logprob(model: Any, seqs: Sequence[tuple[list[int], list[bool]]], pad
             out.append((lp * mask[:, 1:]).sum(-1).double().numpy())
     model.train(was)
     return np.concatenate(out) if out else np.zeros(0)
-
-
-class _EpisodeCounter:
-    """Counts finished episodes for ``progress(done, total)``: one per env step that ends an episode (as they
-    happen, from the env threads), set to the collector's exact count after each collector call (a rollout cut
-    at ``max_context`` ends without an env step)."""
-
-    def __init__(self, progress: Callable[[int, int], None], total: int):
-        self.progress, self.total, self.done = progress, total, 0
-        self._lock = threading.Lock()
-
-    # Reported under the lock, so that the counts heard never go backwards.
-    def ended(self) -> None:
-        with self._lock:
-            self.done += 1
-            self.progress(self.done, self.total)
-
-    def reached(self, done: int, total: int) -> None:
-        with self._lock:
-            self.done = max(self.done, done)
-            self.progress(self.done, total)
-
-
-class _CountingEnv(gym.Wrapper):
-    """Tells ``counter`` when a step ends the episode (snapshots and restores go to the env underneath)."""
-
-    def __init__(self, env: gym.Env, counter: _EpisodeCounter):
-        super().__init__(env)
-        self.counter = counter
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        out = self.env.step(action)
-        if out[2] or out[3]:
-            self.counter.ended()
-        return out
-
-    def restore_branch(self, path: Sequence[Node]) -> None:
-        """No state of its own to restore (``BranchAware``)."""

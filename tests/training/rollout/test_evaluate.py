@@ -13,7 +13,16 @@ from trace_gym.agents.policy import SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.errors import ConfigError
 from trace_gym.training.rollout.collector import TreeCollector
-from trace_gym.training.rollout.evaluate import EvalResult, TaskOutcome, evaluate, paired_difference
+from trace_gym.training.rollout.evaluate import (
+    HELD_OUT,
+    EpisodeRow,
+    EvalResult,
+    EvalStopped,
+    TaskOutcome,
+    evaluate,
+    evaluate_policy,
+    paired_difference,
+)
 from trace_gym.training.stats import PairedDifference
 from trace_gym.training.viz.viewer import load_trees
 
@@ -76,9 +85,9 @@ def calc():
     collector.close()
 
 
-def test_evaluation_plays_every_sample_of_every_prompt_in_chunks(calc):
+def test_evaluation_plays_every_sample_of_every_prompt(calc):
     collector, tasks = calc
-    result = evaluate(collector, tasks, samples=2, seed=1)  # 70 prompts: two collector steps of 64 and 6
+    result = evaluate(collector, tasks, samples=2, seed=1)  # 140 episodes, 64 at once
     assert [t.task_id for t in result.tasks] == [t.id for t in tasks]
     assert all(t.rewards == (1.0, 1.0) and t.turns == (2, 2) and t.stop_reasons == ("answer", "answer")
                for t in result.tasks)
@@ -98,7 +107,9 @@ def test_evaluation_writes_rows_and_trees_the_viewer_reads(calc, tmp_path):
     assert [t.task_id for t in result.trees] == [t.id for t in tasks[:3]]
     result.write(tmp_path / "rows.jsonl", tmp_path / "trees.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
-    assert rows == [t.row() for t in result.tasks] and rows[0]["rewards"] == [1.0, 1.0]
+    assert rows == result.rows() and [(r["task_id"], r["episode"]) for r in rows[:2]] == [(tasks[0].id, 0),
+                                                                                           (tasks[0].id, 1)]
+    assert [EpisodeRow.from_row(r) for r in rows] == [e for t in result.tasks for e in t.episodes()]
     shown = load_trees([tmp_path / "trees.jsonl"])
     assert [r.tree.to_dict() for r in shown] == [t.to_dict() for t in result.trees]
 
@@ -169,3 +180,82 @@ def test_evaluation_imports_without_torch() -> None:
     code = "import sys; sys.modules['torch'] = None; import trace_gym.training.rollout.evaluate"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- episodes, one by one
+def test_episodes_the_infrastructure_ended_are_counted_apart_and_never_lower_the_success():
+    result = EvalResult([TaskOutcome("a", (1.0, 0.0), (2, 1), ("answer", "server_error")),
+                         TaskOutcome("b", (0.0, 1.0), (1, 2), ("infra_error", "answer")),
+                         TaskOutcome("c", (0.0,), (1,), ("server_error",))], seed=0)
+    assert [t.success for t in result.tasks][:2] == [1.0, 1.0] and math.isnan(result.tasks[2].success)
+    assert result.success == 1.0 and result.scored == 2 and result.episodes == 5
+    assert result.infra == {"server_error": 2, "infra_error": 1} and result.metrics()["eval/errors"] == 3.0
+    z = 1.959964  # Wilson over the 2 prompts scored, both succeeding: [n / (n + z^2), 1]
+    assert result.interval() == pytest.approx((2 / (2 + z * z), 1.0))
+
+
+class CountingPolicy:
+    """A real policy (the env's scripted expert) whose generate calls are recorded: how many episodes each
+    turn carried."""
+
+    def __init__(self, policy):
+        self.policy, self.batches = policy, []
+
+    def generate(self, requests, sampling):
+        self.batches.append(len(requests))
+        return self.policy.generate(requests, sampling)
+
+
+def test_at_most_in_flight_episodes_run_at_once_and_each_is_heard_as_it_ends():
+    env = CalcEnv("test", n=10, digits=2)
+    policy = CountingPolicy(ExpertPolicy(env.expert()))
+    heard: list[EpisodeRow] = []
+    result = evaluate_policy(policy, lambda: CalcEnv("test", n=10, digits=2), env.tasks, samples=1, workers=1,
+                             in_flight=3, on_episode=heard.append)
+    assert max(policy.batches) == 3 and sum(policy.batches) == 20  # 10 episodes of 2 turns, 3 at a time
+    # an episode ends every turn from the second on: the rows do not wait for the evaluation's end
+    assert len(heard) == 10 and [e.task_id for e in heard][:3] == [t.id for t in env.tasks[:3]]
+    assert result.episodes == 10 and result.success == 1.0
+
+
+def test_kept_episodes_are_not_played_again_and_the_result_is_the_uninterrupted_one():
+    from trace_gym.agents.specs import policy_from_spec
+    from trace_gym.env_specs import env_factory
+
+    make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 6})
+    whole = evaluate_policy(policy_from_spec("expert:0.5", make_env=make_env), make_env, 6, samples=2, seed=5,
+                            in_flight=4)
+    kept = [e for t in whole.tasks for e in t.episodes()][:5]
+    heard: list[EpisodeRow] = []
+    again = evaluate_policy(policy_from_spec("expert:0.5", make_env=make_env), make_env, 6, samples=2, seed=5,
+                            in_flight=3, kept=kept, on_episode=heard.append)
+    assert len(heard) == 7 and not {(e.task_id, e.episode) for e in heard} & {(e.task_id, e.episode) for e in kept}
+    assert again.rows() == whole.rows() and 0 < whole.success < 1  # the seeds are the episodes', not the batch's
+
+
+def test_the_breaker_stops_after_failed_requests_in_a_row_and_keeps_what_finished():
+    from tests.agents.openai_server import ScriptedServer, chat
+    from trace_gym.agents.specs import PolicyOptions, policy_from_spec
+    from trace_gym.env_specs import env_factory
+
+    make_env = env_factory("trace/Arithmetic-v0", {"n_tasks": 10, "max_turns": 1})
+    calls = {"n": 0}
+
+    def dies_after_two(path: str, body: dict):
+        calls["n"] += 1
+        return chat("<answer>0</answer>") if calls["n"] <= 2 else (503, {"Retry-After": "0"}, b"{}")
+
+    heard: list[EpisodeRow] = []
+    with ScriptedServer(dies_after_two) as server:
+        policy = policy_from_spec(server.url, PolicyOptions(max_retries=0, concurrency=1), make_env)
+        with pytest.raises(EvalStopped, match="3 episodes in a row") as stopped:
+            evaluate_policy(policy, make_env, 10, on_episode=heard.append, breaker=3)
+    assert [e.stop_reason for e in heard] == ["answer"] * 2 + ["server_error"] * 3  # 5 of 10 played, no more
+    assert stopped.value.result.episodes == 5 and stopped.value.result.scored == 2
+
+
+def test_the_held_out_defaults_are_the_run_configs():
+    from trace_gym.training.config import EvalConfig, RolloutConfig
+
+    assert (HELD_OUT.tasks, HELD_OUT.samples, HELD_OUT.temperature) == (EvalConfig().tasks, 1, 0.0)
+    assert HELD_OUT.max_new_tokens == RolloutConfig().max_new_tokens
