@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from trace_gym import threads
 from trace_gym.agents.chat import encode, end_of_turn_ids, render_prompt
 from trace_gym.agents.padding import attention_mask, pad_rows
 from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
@@ -74,6 +75,7 @@ class HFPolicy:
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Generation]:
         """Sample ``sampling.n`` continuations of every request (the ``Policy`` contract), in batches of
         ``max_batch_size`` rows."""
+        threads.adapt()  # between batches of work: the load may have changed
         prompts = [self.prompt_ids(r) for r in requests]
         rows = [(i, j) for i in range(len(prompts)) for j in range(sampling.n)]
         self.stats = GenerationStats()

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trace_gym import threads
 from trace_gym.agents.chat import Conversation, tokenize_episode
 from trace_gym.agents.hf import sequence_logprobs
 from trace_gym.agents.padding import attention_mask, pad_rows
@@ -120,6 +121,7 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
     log: list[dict[str, Any]] = []
     with Progress("sft", total=config.steps, unit="step", enabled=progress) as bar:
         for step in range(config.steps):
+            threads.adapt()
             idx = torch.randint(len(seqs), (config.batch_size,), generator=gen).tolist()
             ids, mask, att = _batch([seqs[i] for i in idx], tokenizer.pad_token_id)
             loss = masked_lm_loss(model, ids, mask, att)

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from trace_gym import threads
 from trace_gym.errors import UserError
 
 # command -> (module exposing add_arguments(command, parser) and run(command, args), one-line help)
@@ -92,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # vLLM logs to stdout by default; a command's stdout is its output (tables, --json), so logs go to stderr.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    # torch's thread pool is sized when torch loads: choose it for the cores this process may use first.
+    threads.configure()
     try:
         module = importlib.import_module(COMMANDS[command][0])
         parser = argparse.ArgumentParser(prog=f"trace-gym {command}", description=COMMANDS[command][1],

@@ -31,6 +31,7 @@ from trace_gym.agents.policy import SamplingParams
 from trace_gym.env_specs import env_factory, env_tasks
 from trace_gym.errors import ConfigError
 from trace_gym.seeds import derive, generator
+from trace_gym import threads
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.config import TrainConfig, dump_config
@@ -147,6 +148,7 @@ class Trainer:
         """One whole step (`training.step.take_step`, the update included), then the weight sync, the trees and
         the evaluation when due; returns the step's metrics."""
         cfg, step = self.cfg, self.step_count + 1
+        threads.adapt()
         timer = StageTimer()
         pad_id = self.tokenizer.pad_token_id
         result = self._take_step(step, lambda samples, seed: self.learner.update(samples, seed, pad_id), timer)

@@ -1,0 +1,78 @@
+"""torch's thread count: the usable cores less the load of others, a user's setting kept, waiters that sleep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_gym import threads
+
+
+@pytest.mark.parametrize(("cores", "load", "own", "expected"), [
+    (2, 0.0, 0, 2),  # idle: every core
+    (2, 0.4, 0, 2),  # a little background work rounds away
+    (2, 1.6, 0, 1),  # one core's worth of others: one thread
+    (2, 13.0, 0, 1),  # a crowded machine: one thread, never zero
+    (2, 2.2, 2, 2),  # the load is mostly our own two threads
+    (8, 3.0, 1, 6),
+])
+def test_choose_gives_the_cores_others_leave(cores: int, load: float, own: int, expected: int) -> None:
+    assert threads.choose(cores=cores, load=load, own=own) == expected
+
+
+def test_a_cgroup_quota_caps_the_cores(tmp_path: Path) -> None:
+    rel = next(line.split("::", 1)[1] for line in Path("/proc/self/cgroup").read_text().splitlines()
+               if line.startswith("0::"))
+    folder = tmp_path / rel.lstrip("/")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cpu.max").write_text("100000 100000\n")  # one core's time per period
+    assert threads.usable_cores(tmp_path) == 1
+    (folder / "cpu.max").write_text("max 100000\n")
+    assert threads.usable_cores(tmp_path) == len(os.sched_getaffinity(0))
+
+
+PROBE = """
+import json, os, sys
+from trace_gym import threads
+n = threads.configure()
+import torch
+again = threads.adapt(force=True)
+print(json.dumps({"configured": n, "torch": torch.get_num_threads(), "adapted": again,
+                  "omp": os.environ.get("OMP_NUM_THREADS"), "wait": os.environ.get("OMP_WAIT_POLICY")}))
+"""
+
+
+def _probe(env: dict[str, str], *prefix: str) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                             "TRACE_GYM_THREADS")}
+    out = subprocess.run([*prefix, sys.executable, "-c", PROBE], env={**base, **env}, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_configure_sizes_the_pool_to_the_affinity_and_makes_waiters_sleep() -> None:
+    got = _probe({}, "taskset", "-c", "0")  # one core allowed, whatever the machine has
+    assert got["omp"] == "1" and got["wait"] == "PASSIVE"
+    assert got["configured"] == got["torch"] == got["adapted"] == 1
+
+
+def test_a_users_thread_count_is_kept_and_never_adapted() -> None:
+    got = _probe({"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE"})
+    assert got["omp"] == "3" and got["wait"] == "ACTIVE"
+    assert got["configured"] == got["torch"] == 3 and got["adapted"] is None
+    got = _probe({"TRACE_GYM_THREADS": "1"})
+    assert got["configured"] == got["torch"] == 1 and got["adapted"] is None
+
+
+def test_the_cli_configures_threads_before_a_command_loads_torch() -> None:
+    code = ("import os; from trace_gym.training.cli.main import main; main(['envs']); "
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "PASSIVE"

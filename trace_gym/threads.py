@@ -1,0 +1,118 @@
+"""How many threads torch's CPU kernels use: the cores this process may run on, less the ones others keep busy.
+
+torch leaves its intra-op pool at the machine's core count and its OpenMP threads spin while they wait. Beside
+other work that is ruinous on a small machine: every parallel region waits for its slowest thread, a thread that
+lost its core waits a whole scheduler slice, and a spinning waiter burns the time its partner needed. Measured on
+2 cores at a load of 13, one thread generated 5.2 tokens/s and two 0.2. So:
+
+- the cores are those of this process's CPU affinity, capped by its cgroup's CPU quota (a container's
+  ``cpu.max``), not ``os.cpu_count()``;
+- ``OMP_NUM_THREADS`` (or ``TRACE_GYM_THREADS``), when the user sets it, is the answer as given;
+- otherwise the count is the usable cores less the run queue's excess over them (the one-minute load average,
+  less this process's own threads), at least one; ``adapt`` re-reads it between units of work, so a job that
+  starts on an idle machine gives a core back when other work arrives and takes it again when it leaves;
+- OpenMP waiters sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``). OpenMP reads that once, when torch
+  loads it, so ``configure`` runs before the first ``import torch`` (the CLI calls it first thing).
+
+This module imports nothing heavy; torch is touched only if it is already imported.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ENV_OVERRIDE = ("TRACE_GYM_THREADS", "OMP_NUM_THREADS")
+ADAPT_EVERY_S = 5.0  # how often ``adapt`` looks at the load again (a load average moves over seconds anyway)
+
+_state: dict[str, Any] = {"checked": 0.0, "own": 0, "user": None, "configured": False}
+
+
+def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its affinity, capped by a cgroup v2 ``cpu.max`` quota if one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota(cgroup_root)
+    return max(1, min(cores, quota)) if quota else max(1, cores)
+
+
+def _cgroup_quota(root: Path) -> int | None:
+    """⌈quota / period⌉ from this process's cgroup v2 ``cpu.max`` ("max 100000" is no quota), or None."""
+    try:
+        rel = next(line.split("::", 1)[1] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::"))
+        quota, period = (root / rel.lstrip("/") / "cpu.max").read_text().split()[:2]
+    except (OSError, StopIteration, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
+
+def requested() -> int | None:
+    """The thread count the user set (``TRACE_GYM_THREADS``, else ``OMP_NUM_THREADS``) before ``configure`` ran,
+    or None."""
+    if _state["configured"]:
+        return _state["user"]
+    for name in ENV_OVERRIDE:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def choose(cores: int | None = None, load: float | None = None, own: int = 0) -> int:
+    """Threads for torch when the user set none: ``cores`` less the load that is not ours, at least 1.
+
+    ``load`` is the one-minute load average (read from the kernel when None) and ``own`` the runnable threads of
+    this process already counted in it. Fractions round to the nearest core: on 2 cores, a load of 0.4 besides
+    ours gives 2 threads, 1.6 gives 1.
+    """
+    cores = usable_cores() if cores is None else cores
+    load = os.getloadavg()[0] if load is None else load
+    others = max(0.0, load - own)
+    return max(1, min(cores, round(cores - others)))
+
+
+def configure() -> int:
+    """Set the thread count before torch loads (the OpenMP pool's size, passive waiting), and on torch if it
+    is already loaded; returns the count. Idempotent; a user's ``OMP_NUM_THREADS`` and ``OMP_WAIT_POLICY`` stay."""
+    if not _state["configured"]:
+        _state["user"] = requested()
+        _state["configured"] = True
+    user = _state["user"]
+    n = user if user is not None else choose()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "torch" not in sys.modules and "OMP_NUM_THREADS" not in os.environ:
+        # OpenMP sizes its pool from this when torch loads; set_num_threads later picks how many of it run.
+        os.environ["OMP_NUM_THREADS"] = str(usable_cores() if user is None else user)
+    _apply(n)
+    return n
+
+
+def adapt(force: bool = False) -> int | None:
+    """Between units of work (a training step, an SFT step, an episode): re-choose the count from the current
+    load, at most every ``ADAPT_EVERY_S`` seconds; returns the new count, or None when it did not look (too soon,
+    not configured, or a count the user set, which is never changed)."""
+    now = time.monotonic()
+    if not _state["configured"]:
+        return None
+    if _state["user"] is not None:  # kept as set (torch may have loaded since configure)
+        _apply(_state["user"])
+        return None
+    if not force and now - _state["checked"] < ADAPT_EVERY_S:
+        return None
+    _state["checked"] = now
+    n = choose(own=_state["own"])  # our busy threads are in the load average: about as many as we ran
+    _apply(n)
+    return n
+
+
+def _apply(n: int) -> None:
+    _state["own"] = n
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
