@@ -6,7 +6,10 @@ skyrl-train (and any loop written against skyrl-gym) builds an env per dataset r
 messages), an ``env_class`` column, and every other column handed to the env as its extras (skyrl-train 0.3's
 ``PromptDataset`` does so, and its generator adds ``max_turns``); ``env_config`` is the operator's
 ``environment.skyrl_gym.<env_class>`` section. `skyrl_rows` writes such rows from any env spec: ``prompt`` (the
-env's system and user messages), ``env_class: trace-gym`` and ``task_id``.
+env's system and user messages), ``env_class: trace-gym``, ``task_id``, ``data_source`` (the env spec, which
+skyrl-train's evaluation groups its metrics by) and ``reward_spec`` (``{"method": "rule", "ground_truth": the
+task's gold answer as text}``, the form skyrl-train's datasets carry; the env scores with its own verifier and
+never reads it).
 
 The operator chooses the env, a row only its task: ``env`` (a spec) and ``env_args`` come from ``env_config``
 alone, since a spec may name any importable ``module:Class`` and the args a ``data_path`` to read; extras that
@@ -21,6 +24,7 @@ that wants trees can use them; skyrl-gym itself never calls them).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -111,17 +115,23 @@ def register_skyrl() -> str:
 def skyrl_rows(spec: str, env_args: Mapping[str, Any] | None = None, tasks: int | None = None
                ) -> list[dict[str, Any]]:
     """Dataset rows in skyrl-train's form for the first ``tasks`` tasks of ``spec`` (all by default): ``prompt``
-    (the env's first messages), ``env_class`` and ``task_id`` (module docstring); the env itself goes in the
-    operator's ``env_config``."""
+    (the env's first messages), ``env_class``, ``task_id``, ``data_source`` and ``reward_spec`` (module
+    docstring); the env itself goes in the operator's ``env_config``."""
     session = EnvSession(spec, env_args)
     try:
         rows = []
         for task in list(session.base.tasks)[:tasks]:
             messages = session.reset(task_id=task.id)["messages"]
-            rows.append({"prompt": messages, "env_class": ENV_CLASS, "task_id": task.id})
+            rows.append({"prompt": messages, "env_class": ENV_CLASS, "task_id": task.id, "data_source": spec,
+                         "reward_spec": {"method": "rule", "ground_truth": _text(task.answer)}})
         return rows
     finally:
         session.close()
+
+
+def _text(answer: Any) -> str:
+    """A gold answer as one string (a parquet column holds one type): text as is, anything else as JSON."""
+    return answer if isinstance(answer, str) else json.dumps(answer, sort_keys=True, default=str)
 
 
 def _plain(value: Any) -> Any:

@@ -38,7 +38,7 @@ def skyrl_train_inputs(path, max_turns=4):
 
 def test_skyrl_trains_rows_build_the_env_and_play_it_to_its_reward(tmp_path):
     rows = skyrl_rows("trace/Arithmetic-v0", ARGS)
-    assert [sorted(r) for r in rows] == [["env_class", "prompt", "task_id"]] * 3
+    assert [sorted(r) for r in rows] == [["data_source", "env_class", "prompt", "reward_spec", "task_id"]] * 3
     datasets.Dataset.from_list(rows).to_parquet(tmp_path / "train.parquet")
     operator = OmegaConf.create({ENV_CLASS: {"env": "trace/Arithmetic-v0", "env_args": ARGS}})
     played = []
@@ -57,6 +57,21 @@ def test_skyrl_trains_rows_build_the_env_and_play_it_to_its_reward(tmp_path):
         played.append(meta["task_id"])
         env.close()
     assert played == [r["task_id"] for r in rows]
+
+
+def test_rows_carry_their_data_source_and_reward_spec_as_skyrl_train_reads_them(tmp_path):
+    from trace_gym.env_specs import make_env
+
+    rows = skyrl_rows("trace/Arithmetic-v0", ARGS)
+    env = make_env("trace/Arithmetic-v0", **ARGS)
+    golds = {t.id: t.answer for t in env.unwrapped.tasks}
+    env.close()
+    assert {r["data_source"] for r in rows} == {"trace/Arithmetic-v0"}
+    assert [r["reward_spec"] for r in rows] == [{"method": "rule", "ground_truth": str(golds[r["task_id"]])}
+                                                for r in rows]
+    datasets.Dataset.from_list(rows).to_parquet(tmp_path / "train.parquet")  # one type per column
+    _, _, extras = next(skyrl_train_inputs(tmp_path / "train.parquet"))
+    assert extras["data_source"] == "trace/Arithmetic-v0" and extras["reward_spec"]["method"] == "rule"
 
 
 @pytest.mark.parametrize("extras", [{"task_id": "arith-0", "env": ENTRY_POINT},
