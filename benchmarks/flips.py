@@ -34,7 +34,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import BENCH_RUNS, fmt, machine, mean_ci, train_config, warm_model, write_json
-from learning import CALIBRATED, QUICK_WARM, TASKS
+from learning import CALIBRATED, ENV, LEARNABLE, QUICK_WARM, TIERS, WARM_OVERRIDES
+
+# The Arithmetic tiers (the earlier setting, where the habit of guessing without the tool is taken at turn 1).
+# guess: one operator on 1-2 digits; tool: two on 1 digit; hard: five on 3 digits, never solved.
+ARITHMETIC_TIERS = {"guess": {"share": 0.3, "min_ops": 1, "max_ops": 1, "min_digits": 1, "max_digits": 2},
+                    "tool": {"share": 0.35, "min_ops": 2, "max_ops": 2, "min_digits": 1, "max_digits": 1},
+                    "hard": {"share": 0.35, "min_ops": 5, "max_ops": 5, "min_digits": 3, "max_digits": 3}}
+_SFT_TIERS = {k: {**ARITHMETIC_TIERS[k], "share": 0.5} for k in ("guess", "tool")}
+# Per task: the runs/bench folder of its warm start, the env, its tiers, the learnable tiers, other env settings
+# and the warm start's overrides (SFT on the learnable tiers, the expert's habit).
+TASKS: dict[str, dict[str, Any]] = {
+    "tiers": {"name": "arithmetic-tiers", "env": "trace/Arithmetic-v0", "tiers": ARITHMETIC_TIERS,
+              "learnable": ("guess", "tool"), "env_kwargs": {"word_fraction": 0.0}, "overrides": [],
+              "warm_overrides": ["env.kwargs=" + json.dumps({"n_tasks": 2000, "task_seed": 0, "word_fraction": 0.0,
+                                                             "tiers": _SFT_TIERS}),
+                                 "sft.expert=" + json.dumps({"guess": 0.5, "guess_tiers": ["guess"]})]},
+    "chain": {"name": "chain-tiers", "env": ENV, "tiers": TIERS, "learnable": LEARNABLE, "env_kwargs": {},
+              "overrides": [], "warm_overrides": WARM_OVERRIDES},
+}
 
 PLANS = ("trace", "active_uniform", "trace_root", "trace_root_uniform", "trace_plus")
 
@@ -67,12 +85,8 @@ def flip_step(trainer: Any, step: int) -> tuple[list[dict[str, Any]], dict[str, 
     anchors' records and the refund's (expected mixed prompts against those realised)."""
     from trace_gym.seeds import derive, generator
     from trace_gym.training.allocation.allocators import make_allocator
-    from trace_gym.training.allocation.stages import (
-        allocate_roots,
-        fit_predictor,
-        plan_continuations,
-        refund_plan,
-    )
+    from trace_gym.training.allocation.stages import allocate_roots, fit_predictor, plan_continuations
+    from trace_gym.training.variants import VariantAllocator
 
     cfg = trainer.cfg
     pool = trainer.stream.take(cfg.alloc.pool_size)
@@ -87,9 +101,11 @@ def flip_step(trainer: Any, step: int) -> tuple[list[dict[str, Any]], dict[str, 
     plans, refund = {}, None
     for name in PLANS:
         allocator = make_allocator(name, cfg.alloc.group_size, cfg.alloc.cap)
-        plans[name] = plan_continuations(allocator, values, collector.trees, roots, trainer.budget, rng)
-        if allocator.refund:
-            plans[name], refund = refund_plan(plans[name], roots, cfg.alloc.cap)
+        if isinstance(allocator, VariantAllocator):  # root anchors, the refund
+            plans[name], refunded_by = allocator.plan(values, collector.trees, roots, trainer.budget, rng)
+            refund = refunded_by if allocator.refund else refund
+        else:
+            plans[name] = plan_continuations(allocator, values, collector.trees, roots, trainer.budget, rng)
     records = []
     for i, (name, plan) in enumerate(plans.items()):
         first_new = {tid: len(tree) for tid, tree in collector.trees.items()}

@@ -245,14 +245,19 @@ class Trainer:
                     metrics.update(self.evaluate())
                 self.logger.log(self.step_count, metrics)
                 if last or (cfg.checkpoint.every and self.step_count % cfg.checkpoint.every == 0):
-                    save_checkpoint(self.run_dir, self.step_count, self.learner.save, self.tokenizer,
-                                    self.predictor, self._state(), keep=cfg.checkpoint.keep)
+                    self.save_checkpoint()
                 bar(metrics)
         summary = self.summary(time.perf_counter() - t_start)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if cfg.log.plots:
             plot_at_end(self.run_dir, self.console)
         return summary
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint the run at its current step (`train` does so every `checkpoint.every` steps and at the
+        end; a caller that drives `step` itself calls this); returns the checkpoint's folder."""
+        return save_checkpoint(self.run_dir, self.step_count, self.learner.save, self.tokenizer, self.predictor,
+                               self._state(), keep=self.cfg.checkpoint.keep)
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         """The run's summary (summary.json and the final table): allocator, steps, held-out success before and
