@@ -8,6 +8,11 @@ Deviations from common SFT recipes, and why:
    loss, so that long episodes are not down-weighted.
 2. Training stops on a step count, never on wall time (docs/measured.md: the tiny model learns to copy tool
    output between steps 250 and 400, so time-based stopping gives machine-dependent models).
+3. Logits are computed only at the positions whose next token is trained, a chunk at a time, and recomputed in the
+   backward pass (`masked_lm_loss`): the whole vocabulary at every position of a batch is most of the memory of
+   a small-vocabulary-heavy model (fp32, 49k vocabulary: 1.6 GB per 8k tokens, before its gradient).
+4. The learning rate and batch size left unset follow the model's size (`SFTSettings.resolved`): the tiny model
+   wants 2e-3 over 32 episodes, a pretrained 100M+ model forgets what it knew at that rate.
 """
 
 from __future__ import annotations
@@ -15,15 +20,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from trace_gym import threads
 from trace_gym.agents.chat import Conversation, tokenize_episode
-from trace_gym.agents.hf import sequence_logprobs
+from trace_gym.agents.hf import sequence_logprobs, taken_logprobs
 from trace_gym.agents.padding import attention_mask, pad_rows
 from trace_gym.errors import ConfigError
 from trace_gym.progress import Progress
@@ -35,10 +41,18 @@ class SFTSettings:
 
     steps: int = 400
     """Optimizer steps."""
-    batch_size: int = 32
-    """Episodes per step."""
-    lr: float = 2e-3
-    """Peak AdamW learning rate (linear warmup, constant, cosine decay to 10% at the end)."""
+    batch_size: int | None = None
+    """Episodes per step; None: by model size (32 below `SMALL` parameters, else 8)."""
+    lr: float | None = None
+    """Peak AdamW learning rate (linear warmup, constant, cosine decay to 10% at the end); None: by model size
+    (2e-3 below `SMALL` parameters; above, 5e-5 for all weights and 5e-4 with LoRA)."""
+    lora_r: int = 0
+    """LoRA rank on the attention and MLP projections (0: all weights), as `model.lora_r` in RL; the saved model
+    has the adapter merged into its weights."""
+    lora_alpha: int = 32
+    """LoRA scale numerator (the adapter is scaled by lora_alpha / lora_r)."""
+    logits_chunk: int = 1024
+    """Trained positions whose logits are computed at once (note 3); 0: the whole vocabulary at every position."""
     warmup_steps: int = 20
     """Linear warmup length."""
     decay_fraction: float = 0.2
@@ -55,12 +69,29 @@ class SFTSettings:
     """Steps between loss log lines."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
+        if self.steps < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ConfigError(f"expected steps >= 1 and batch_size >= 1, got {self.steps}, {self.batch_size}")
-        if self.lr <= 0:
+        if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"expected lr > 0, got {self.lr}")
+        if self.lora_r < 0 or self.lora_alpha <= 0 or self.logits_chunk < 0:
+            raise ConfigError(f"expected lora_r >= 0, lora_alpha > 0 and logits_chunk >= 0, got {self.lora_r}, "
+                              f"{self.lora_alpha}, {self.logits_chunk}; fix: lora_r=0 (or 16), lora_alpha=32")
         if not 0.0 <= self.decay_fraction <= 1.0:
             raise ConfigError(f"expected decay_fraction in [0, 1], got {self.decay_fraction}")
+
+
+    def resolved(self, parameters: int) -> SFTSettings:
+        """These settings with an unset lr and batch size chosen for a model of ``parameters`` weights (note 4)."""
+        small = parameters < SMALL
+        lr = self.lr if self.lr is not None else 2e-3 if small else 5e-4 if self.lora_r else 5e-5
+        batch = self.batch_size if self.batch_size is not None else 32 if small else 8
+        return replace(self, lr=lr, batch_size=batch)
+
+
+# The projections a LoRA adapter wraps, as in RL (training/update/models.py)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SMALL = 20_000_000
+"""Parameters below which a model counts as small for the default SFT settings (the tiny model has 0.8M)."""
 
 
 @dataclass
@@ -84,11 +115,48 @@ def to_sequences(tokenizer, episodes: Sequence[Sequence[Mapping[str, Any]] | Con
     return out
 
 
-def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss over positions whose target is trainable. (B, T) padded tensors."""
-    weight = mask[:, 1:].float()
-    nll = -sequence_logprobs(model, ids, attention)
-    return (nll * weight).sum() / weight.sum().clamp(min=1.0)
+def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor,
+                   chunk: int = 0) -> torch.Tensor:
+    """Mean next-token loss over positions whose target is trainable. (B, T) padded tensors. ``chunk`` > 0 computes
+    logits at the trained positions only, ``chunk`` of them at a time, recomputed in the backward pass (note 3);
+    0 (and a model whose logits are more than its head applied to the last hidden state) the whole vocabulary."""
+    head_model = _causal_lm(model)
+    if chunk <= 0 or head_model is None:
+        weight = mask[:, 1:].float()
+        nll = -sequence_logprobs(model, ids, attention)
+        return (nll * weight).sum() / weight.sum().clamp(min=1.0)
+    positions = None
+    if not bool((attention[:, 1:] <= attention[:, :-1]).all()):  # right padding needs no mask (sequence_logprobs)
+        positions = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    else:
+        attention = None
+    hidden = head_model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions,
+                                      use_cache=False).last_hidden_state  # (B, T, H)
+    chosen = mask[:, 1:].bool()
+    states, targets = hidden[:, :-1][chosen], ids[:, 1:][chosen]  # (N, H), (N,)
+    head = head_model.get_output_embeddings()
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, len(targets), chunk):
+        total = total + checkpoint(_chunk_nll, head, states[start:start + chunk], targets[start:start + chunk],
+                                   use_reentrant=False)
+    return total / max(len(targets), 1)
+
+
+def _chunk_nll(head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed negative log-likelihood of ``targets`` (N,) under ``head(states)`` (N, H) -> (N, vocab)."""
+    return -taken_logprobs(head(states), targets).sum()
+
+
+def _causal_lm(model) -> Any:
+    """The transformers causal LM inside ``model`` (a peft wrapper's base model), when its logits are its output
+    embeddings applied to its decoder's last hidden state; None for one that scales or caps them."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if (not callable(getattr(base, "get_decoder", None)) or base.get_output_embeddings() is None
+            or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+            or getattr(config, "logits_scaling", None)):
+        return None
+    return base
 
 
 def _batch(seqs: list[tuple[list[int], list[bool]]], pad: int) -> tuple[torch.Tensor, ...]:
@@ -105,15 +173,22 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
     after each optimiser step with the model in training mode (a callback that evaluates it switches back)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = config or SFTSettings()
     out = Path(out_dir or model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = (config or SFTSettings()).resolved(sum(p.numel() for p in model.parameters()))
+    assert config.lr is not None and config.batch_size is not None
+    if config.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, bias="none",
+                                                 target_modules=list(LORA_TARGETS)))
     seqs = to_sequences(tokenizer, episodes, config.max_length)
     if not seqs:
         raise ConfigError(f"expected episodes of at most {config.max_length} tokens, got none; "
                           "fix: raise max_length or collect shorter episodes")
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, config))
     gen = torch.Generator().manual_seed(config.seed)
     model.train()
@@ -124,10 +199,10 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
             threads.adapt()
             idx = torch.randint(len(seqs), (config.batch_size,), generator=gen).tolist()
             ids, mask, att = _batch([seqs[i] for i in idx], tokenizer.pad_token_id)
-            loss = masked_lm_loss(model, ids, mask, att)
+            loss = masked_lm_loss(model, ids, mask, att, config.logits_chunk)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
@@ -137,6 +212,8 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
                 log.append({"step": step, "loss": losses[-1], "lr": sched.get_last_lr()[0]})
             bar.update(advance=1, loss=losses[-1])
     model.eval()
+    if config.lora_r:
+        model = model.merge_and_unload()  # a plain model folder: RL, eval and engines load it as any other
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -53,3 +53,50 @@ def test_sft_raises_held_out_success_above_the_untrained_model(tmp_path, calc_da
         progress=False)
     after = held_out_eval(HFPolicy.from_pretrained(tmp_path / "out"), held_out, n=40, sampling=greedy).success
     assert after > before and after >= 0.2
+
+
+def _padded_batch(tok, calc_data, rows: int):
+    from trace_gym.agents.sft import _batch
+
+    return _batch(to_sequences(tok, calc_data[:rows], max_length=4096), tok.pad_token_id)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_chunked_loss_and_gradients_equal_the_whole_vocabulary_ones(nano_dir, calc_data, chunk):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(nano_dir)
+    ids, mask, att = _padded_batch(tok, calc_data, 4)  # rows of different lengths: right padding in play
+    grads = []
+    for c in (0, chunk):
+        model = AutoModelForCausalLM.from_pretrained(nano_dir, dtype=torch.float32)
+        loss = masked_lm_loss(model, ids, mask, att, chunk=c)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (full, full_grads), (chunked, chunked_grads) = grads
+    torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
+    for a, b in zip(chunked_grads, full_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_unset_lr_and_batch_size_follow_the_model_size():
+    small, large = SFTSettings().resolved(800_000), SFTSettings().resolved(135_000_000)
+    assert (small.lr, small.batch_size) == (2e-3, 32) and (large.lr, large.batch_size) == (5e-5, 8)
+    assert SFTSettings(lora_r=16).resolved(135_000_000).lr == 5e-4
+    assert SFTSettings(lr=1e-3, batch_size=4).resolved(135_000_000) == SFTSettings(lr=1e-3, batch_size=4)
+
+
+def test_lora_sft_trains_the_adapter_and_saves_a_plain_merged_model(tmp_path, calc_data):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = build_tiny_model(tmp_path / "m", size="nano", seed=0)
+    result = sft(model_dir, calc_data, tmp_path / "out", SFTSettings(steps=20, batch_size=8, lr=1e-2, warmup_steps=2,
+                                                                     lora_r=4, lora_alpha=8), progress=False)
+    assert sum(result.losses[-3:]) / 3 < result.losses[0]
+    assert not list((tmp_path / "out").glob("adapter_*"))  # merged: no adapter files to load
+    before = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    assert set(after) == set(before)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj")) for k in changed)  # only what LoRA wraps
