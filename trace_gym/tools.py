@@ -67,7 +67,8 @@ class Tool:
         ``name: text`` lines describe the parameters."""
         doc = inspect.getdoc(fn) or ""
         hints = typing.get_type_hints(fn)
-        arg_docs = dict(re.findall(r"^\s*(\w+)\s*(?:\([^)]*\))?:\s*(.+)$", doc, flags=re.MULTILINE))
+        # [ \t], not \s: a line "Args:" would otherwise swallow the next line (the first parameter's).
+        arg_docs = dict(re.findall(r"^[ \t]*(\w+)[ \t]*(?:\([^)]*\))?:[ \t]*(.+)$", doc, flags=re.MULTILINE))
         properties: dict[str, Any] = {}
         required: list[str] = []
         for pname, param in inspect.signature(fn).parameters.items():

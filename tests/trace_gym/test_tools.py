@@ -37,6 +37,20 @@ def test_schema_from_type_hints_and_docstring():
     assert TOOLS["lookup"].schema()["function"]["description"] == "Look a key up."
 
 
+def test_a_google_style_args_section_describes_every_parameter_the_first_included():
+    def add(a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: the first number
+            b: the second number
+        """
+        return str(a + b)
+
+    props = Tool.from_function(add).parameters["properties"]
+    assert props["a"]["description"] == "the first number" and props["b"]["description"] == "the second number"
+
+
 def test_valid_call_runs():
     assert call_tool(TOOLS, ToolCall("lookup", {"key": "k", "limit": 5})) == ("k:5:False", None)
 

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[3]
 DOC = (ROOT / "docs" / "integrations.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC, flags=re.DOTALL)
 EXPECTED = {"env.branch": "branch rewards: 1.0, 0.0", "GenericEnvClient": "1.0 True 2", "skyrl_gym": "1.0 True 0.0",
-            "GRPOTrainer": "2 ["}
-NEEDS = {"env.branch": "fastapi", "GenericEnvClient": "openenv", "skyrl_gym": "skyrl_gym", "GRPOTrainer": "trl"}
+            "GRPOTrainer": "2 [", "trl_environment": "[1.0]"}
+NEEDS = {"env.branch": "fastapi", "GenericEnvClient": "openenv", "skyrl_gym": "skyrl_gym", "GRPOTrainer": "trl",
+         "trl_environment": "datasets"}
 
 
 def run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
