@@ -12,7 +12,7 @@ from typing import Any, Literal
 import gymnasium as gym
 
 from trace_gym.actions import ActionParser, HermesParser, TagParser
-from trace_gym.errors import ConfigError, SnapshotError, TraceGymError
+from trace_gym.errors import ConfigError, InfraError, SnapshotError, TraceGymError
 from trace_gym.experts import Expert
 from trace_gym.limits import Footprint
 from trace_gym.snapshot import NativeSnapshot, ReplaySnapshot, Snapshot
@@ -183,7 +183,9 @@ class TextEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Play the assistant turn ``action``: ``(observation, reward, terminated, truncated, info)``. A malformed
         action gives an error observation (``info["error"]``), never an exception; the reward comes with the last
-        turn, and ``max_turns`` truncates."""
+        turn, and ``max_turns`` truncates. A turn that shared infrastructure failed (``InfraError``: no answer
+        checker in time) ends the episode unscored: reward 0.0, truncated, ``info["stop_reason"] = "infra_error"``
+        and the reason in ``info["error"]``."""
         if self.task is None:
             raise TraceGymError("expected reset() before step(); call env.reset()")
         if self._done:
@@ -193,16 +195,22 @@ class TextEnv(gym.Env[str, str]):
         self._actions.append(action)
         self.turn_count += 1
         self.messages.append({"role": "assistant", "content": action})
+        infra = False
         if len(action) > self.max_action_chars:
             msg = f"action of {len(action)} characters exceeds the limit of {self.max_action_chars}"
             result = Turn(f"Error: {msg}", info={"error": msg})
         else:
-            result = self.turn(action)
+            try:
+                result = self.turn(action)
+            except InfraError as exc:  # not the model's doing: the episode ends unscored (errors.InfraError)
+                infra, reason = True, " ".join(str(exc).split())[:500]
+                result = Turn(f"Error: the turn could not be finished ({reason}); the episode is not scored",
+                              info={"stop_reason": "infra_error", "error": reason}, messages=[])
         self.messages.extend(result.messages if result.messages is not None
                              else [{"role": "tool", "content": result.observation}])
-        truncated = not result.terminated and self.turn_count >= self.max_turns
+        truncated = infra or (not result.terminated and self.turn_count >= self.max_turns)
         info = dict(result.info)
-        if truncated:
+        if truncated and not infra:
             info["stop_reason"] = "max_turns"
         self._done = result.terminated or truncated
         reward = float(result.reward)

@@ -39,6 +39,13 @@ class ServerError(UserError):
     """A model server that kept failing (or refused the request) after all retries."""
 
 
+class InfraError(TraceGymError):
+    """Shared infrastructure failed a turn for reasons of neither the model nor the user (no answer checker free
+    in time). ``TextEnv.step`` reports it and does not score the turn: reward 0.0, ``truncated=True``,
+    ``info["stop_reason"] = "infra_error"`` and the reason in ``info["error"]``; a trainer leaves such an
+    episode out of its update and an evaluation counts it apart."""
+
+
 class ToolError(TraceGymError):
     """Raised by a tool for a mistake in the model's call (a value out of range, a missing file): the env answers
     the call with ``Error: <message>``. Write the message for the model: what was wrong and what would work."""

@@ -2,6 +2,11 @@
 its leaf count), whether outcomes are mixed, sibling groups and the contrastive pairs among them. Arrays in,
 arrays out; `tree_arrays` reads a ``RolloutTree``. The advantages, the step metrics, the predictor's targets,
 stage 2's prefix rewards, the viewer and ``RolloutTree.value`` all read V̂ from here.
+
+A leaf whose episode was cut by a failure of neither the model nor the env's rules (``info["stop_reason"]`` in
+``UNSCORED``: a generation out of retries, an infrastructure failure such as no answer checker in time) has no
+outcome: it is not a finished leaf here, so it adds no 0 to any value, advantage, target or success count, and
+its own turn is not trained.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+UNSCORED = frozenset({"server_error", "infra_error"})
+"""Stop reasons of leaves without an outcome (module docstring)."""
+
 
 @dataclass(frozen=True)
 class TreeArrays:
@@ -19,7 +27,7 @@ class TreeArrays:
     ids: np.ndarray  # (n,) node ids
     parents: np.ndarray  # (n,) parent index, -1 for the root
     rewards: np.ndarray  # (n,) step rewards (terminal reward at leaves)
-    is_leaf: np.ndarray  # (n,) bool: finished (terminated or truncated) and childless
+    is_leaf: np.ndarray  # (n,) bool: finished (terminated or truncated), childless and scored (not UNSCORED)
     depth: np.ndarray  # (n,) turn index, root 0
 
 
@@ -29,7 +37,8 @@ def tree_arrays(tree: Any) -> TreeArrays:
     index = {node.id: i for i, node in enumerate(nodes)}
     parents = np.array([-1 if node.parent is None else index[node.parent] for node in nodes], dtype=np.int64)
     rewards = np.array([float(node.reward) for node in nodes], dtype=np.float64)
-    is_leaf = np.array([(node.terminated or node.truncated) and not node.children for node in nodes], dtype=bool)
+    is_leaf = np.array([(node.terminated or node.truncated) and not node.children
+                        and node.info.get("stop_reason") not in UNSCORED for node in nodes], dtype=bool)
     depth = np.array([node.depth for node in nodes], dtype=np.int64)
     ids = np.array([node.id for node in nodes], dtype=np.int64)
     return TreeArrays(ids, parents, rewards, is_leaf, depth)

@@ -11,7 +11,12 @@ same state, under the jail's namespaces, seccomp filter and unprivileged user, w
 The pool holds ``pool_size()`` checkers (one per core, fewer if memory is short), built on first use (or by
 ``start_checker``) by long-lived threads of this module, so that no checker's processes depend on the thread
 that happened to ask first. A check takes a free checker, waiting at most ``QUEUE_WAIT_S``; checks run in
-parallel, one per checker. The checkers' processes are registered as services (``trace_gym.processes``).
+parallel, one per checker. Waiting checks are served in turn by client (``trace_gym.fairness``: the env server
+names each env call's token and session): the client with the fewest checks running goes first, so a client
+whose answers keep every checker busy lets another's check have the next free one. A check that gets no
+checker in time raises ``CheckerUnavailableError``, an ``InfraError``: the env reports the turn as an
+infrastructure failure, never as the answer's 0. The checkers' processes are registered as services
+(``trace_gym.processes``).
 
 Who is at fault when a check gives no verdict:
 - the checker (the answer never ran, or might not have): its frozen fork is gone, stopped or not answering
@@ -46,7 +51,8 @@ from trace_gym.environments.sandbox.host import (
     SandboxSnapshot,
     SandboxUnavailableError,
 )
-from trace_gym.errors import TraceGymError
+from trace_gym.errors import InfraError
+from trace_gym.fairness import Client, FairQueue, current_client
 from trace_gym.limits import available_memory
 from trace_gym.processes import parent_pid, register_service
 
@@ -73,7 +79,7 @@ _METHODS = (None, "math_verify", "sympy")
 _VERDICT_KEYS = {"method", "gold", "answer", "out_of_time", "cpu_s", "wall_s"}
 
 
-class CheckerUnavailableError(TraceGymError):
+class CheckerUnavailableError(InfraError):
     """No answer checker could be had: the host cannot start one, or all stayed busy past ``QUEUE_WAIT_S``."""
 
 
@@ -201,6 +207,7 @@ class _Pool:
         self.cond = threading.Condition()
         self.checkers: list[_Checker] = []
         self.free: list[_Checker] = []
+        self.waiting: FairQueue[_Ticket] = FairQueue()
         self.built = False
         # Threads that start the jail's processes live as long as this process: a jail started by a short-lived
         # thread of the caller would be tied to that thread.
@@ -227,26 +234,48 @@ class _Pool:
             self.built = True
             self.cond.notify_all()
 
-    def acquire(self) -> _Checker:
+    def acquire(self, client: Client) -> _Checker:
+        """A free checker for ``client``'s check, in the module docstring's turn; `CheckerUnavailableError` after
+        ``QUEUE_WAIT_S``."""
         self.ensure()
         deadline = time.monotonic() + QUEUE_WAIT_S
+        ticket = _Ticket()
         with self.cond:
-            while not self.free:
+            self.waiting.push(client, ticket)
+            self._hand_out()
+            while ticket.checker is None:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 and self.waiting.remove(client, ticket):
                     raise CheckerUnavailableError(
                         f"expected a free answer checker within {QUEUE_WAIT_S:g} s, all {self.size} stayed busy; fix: "
                         "fewer threads checking answers in this process, or more cores for a larger pool")
-                self.cond.wait(left)
-            return self.free.pop(0)  # in turn: a checker lost while idle is found at its next turn
+                self.cond.wait(max(left, 0.01))
+            return ticket.checker
 
-    def release(self, checker: _Checker) -> None:
+    def release(self, checker: _Checker, client: Client) -> None:
         with self.cond:
+            self.waiting.done(client)
             self.free.append(checker)
-            self.cond.notify()
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Free checkers to waiting checks, in turn (a checker lost while idle is found at its next turn)."""
+        handed = False
+        while self.free and len(self.waiting):
+            _, ticket = self.waiting.pop()
+            ticket.checker = self.free.pop(0)
+            handed = True
+        if handed:
+            self.cond.notify_all()
 
     def rebuild(self, checker: _Checker) -> None:
         self.builders.submit(checker.build).result()
+
+
+class _Ticket:
+    """A check waiting for a checker; ``checker`` is set when one is handed to it."""
+
+    checker: _Checker | None = None
 
 
 _pools: dict[tuple[int, str, str | None], _Pool] = {}
@@ -284,12 +313,13 @@ def symbolic_check(golds: list[tuple[str, str]], pred: str, p: str, isolation: s
     (restore and cell), ``close_s``, ``runs`` and ``rebuilds``. ``ok=False`` only for what the answer caused
     (module docstring): ``timed_out`` when it spent its CPU or ran past the wall-clock limit twice."""
     pool = _pool(isolation, user)
+    client = current_client()
     data = json.dumps([golds, pred, p])
     runs = rebuilds = 0
     times: dict[str, float] = {}
     while True:
         start = time.perf_counter()
-        checker = pool.acquire()
+        checker = pool.acquire(client)
         times["wait_s"] = time.perf_counter() - start
         try:
             if not checker.healthy():
@@ -320,7 +350,7 @@ def symbolic_check(golds: list[tuple[str, str]], pred: str, p: str, isolation: s
                 return Outcome(False, error=f"the check {what}, {runs} times with this answer",
                                timed_out=result.status == "timeout")
         finally:
-            pool.release(checker)
+            pool.release(checker, client)
 
 
 def _rebuild(pool: _Pool, checker: _Checker, rebuilds: int, why: str) -> int:

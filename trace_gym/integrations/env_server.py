@@ -32,12 +32,13 @@ route                           what it does (bodies: `trace_gym.integrations.se
 
 Safety (`serve_guard`): the ``Host`` must be the bound address, no ``Origin`` (browsers), JSON bodies only
 with a ``Content-Length`` within the longest action the env takes (`body_bound`, 1 MiB for the bundled envs)
-and at most ten thousand strings, containers and items (WebSocket messages alike), whole requests within a
-timeout, a cap on connections, and a token on every request when the server has tokens (required to bind
-anything but loopback). Sessions have unguessable ids and belong to their credential or connection
-(`serve_sessions`); sessions and snapshot handles share one budget derived from the host (`serve_budget`),
-refused past it (503). A client's mistake is a 4xx with ``{"detail": "expected ..., got ...; fix: ..."}``; a
-model's malformed turn is the env's error observation.
+and at most ten thousand strings, containers and items (WebSocket messages alike), and a token on every request
+when the server has tokens (required to bind anything but loopback). Connections (`serve_connections`): one
+that has not shown a valid request within 2 s is closed, one address holds at most 8 such and 128 in all, and
+room for 64 of the 256 is kept for connections that showed one; whole requests within a timeout. Sessions have
+unguessable ids and belong to their credential or connection (`serve_sessions`); sessions and snapshot handles
+share one budget derived from the host (`serve_budget`), refused past it (503). A client's mistake is a 4xx
+with ``{"detail": "expected ..., got ...; fix: ..."}``; a model's malformed turn is the env's error observation.
 """
 
 from __future__ import annotations
@@ -68,13 +69,8 @@ except ImportError as exc:  # one line with the fix, not a traceback into the im
 
 import trace_gym
 from trace_gym.integrations.serve_budget import BudgetFull, LiveBudget, host_budget, unit_footprint
-from trace_gym.integrations.serve_guard import (
-    RequestGuard,
-    allowed_host_names,
-    guarded_protocol,
-    is_loopback,
-    too_many_items,
-)
+from trace_gym.integrations.serve_connections import ConnectionLimits, guarded_protocols
+from trace_gym.integrations.serve_guard import RequestGuard, allowed_host_names, is_loopback, too_many_items
 from trace_gym.integrations.serve_payloads import (
     EnvResult,
     EpisodeState,
@@ -112,15 +108,28 @@ SessionId = Annotated[str | None, Header(alias=SESSION_HEADER, description="the 
 
 @dataclass(frozen=True)
 class ServeLimits:
-    """The server's bounds: live units (None: the host's budget), open connections, seconds to send a whole
-    request, seconds a session may sit unused, and the largest body or WebSocket message (None: `body_bound`
-    of the served env)."""
+    """The server's bounds: live units (None: the host's budget), connections (`serve_connections`: in all, per
+    peer, waiting ones, the room reserved for admitted ones, seconds to show a valid request and to send a whole
+    one), seconds a session may sit unused, and the largest body or WebSocket message (None: `body_bound` of the
+    served env)."""
 
     max_live: int | None = None
     max_connections: int = 256
     request_timeout_s: float = 10.0
     session_idle_s: float = 600.0
     max_body: int | None = None
+    admit_timeout_s: float = 2.0
+    max_per_peer: int | None = None
+    max_waiting_per_peer: int = 8
+    reserved_connections: int | None = None
+
+    def connections(self) -> ConnectionLimits:
+        """The connection bounds; unset, ``max_per_peer`` is half of ``max_connections`` and the reserved room a
+        quarter."""
+        per_peer = self.max_per_peer if self.max_per_peer is not None else max(1, self.max_connections // 2)
+        reserved = self.reserved_connections if self.reserved_connections is not None else self.max_connections // 4
+        return ConnectionLimits(self.max_connections, reserved, per_peer, min(self.max_waiting_per_peer, per_peer),
+                                self.admit_timeout_s, self.request_timeout_s)
 
 
 def served_env_class(spec: str) -> type[TextEnv]:
@@ -420,6 +429,7 @@ class EnvServer:
                  port: int = 0, tokens: Iterable[str] = (), allow_hosts: Iterable[str] = (),
                  limits: ServeLimits = ServeLimits()):
         tokens = tuple(t for t in tokens if t)
+        connection_limits = limits.connections()  # a bound that cannot work fails before anything starts
         if not is_loopback(host) and not tokens:
             raise ConfigError(f"expected a token to bind {host} (anything but loopback), got none; fix: write one "
                               "to a file only you can read (python -c 'import secrets; "
@@ -451,9 +461,9 @@ class EnvServer:
         self.max_body = self.app.state.max_body
         guard = RequestGuard(self.app, allowed_host_names(host, allow_hosts), tokens, self.max_body)
         # No per-message compression: a few KiB on the wire would inflate to max_body each.
-        config = uvicorn.Config(guard, http=guarded_protocol(limits.max_connections, limits.request_timeout_s),
-                                ws_max_size=self.max_body, ws_max_queue=WS_QUEUE, ws_per_message_deflate=False,
-                                timeout_keep_alive=5, lifespan="on",
+        http, ws, self.connections = guarded_protocols(connection_limits, guard.admits)
+        config = uvicorn.Config(guard, http=http, ws=ws or "auto", ws_max_size=self.max_body, ws_max_queue=WS_QUEUE,
+                                ws_per_message_deflate=False, timeout_keep_alive=5, lifespan="on",
                                 log_level="warning", access_log=False, server_header=False)
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -18,15 +18,13 @@ and a one-line fix:
   about 800 MiB of Python objects in 2 s of that loop, while a turn's body is a handful of fields
   (`json_items`; the WebSocket's messages are counted the same way).
 
-`guarded_protocol` is uvicorn's HTTP/1.1 protocol with two bounds of its own: at most ``max_connections`` open
-at once (more are answered 503 and closed at once), and a whole request (headers and body) within
-``request_timeout_s`` of its first byte or of the connection's start (else 408 and closed). uvicorn itself
-answers a malformed request (``Content-Length: -1``) 400 and closes it.
+`RequestGuard.admits` is the same check of a request's headers (``Host``, ``Origin``, token) for the
+connection's bounds (`serve_connections`): a connection is admitted by the first request that passes it. uvicorn
+itself answers a malformed request (``Content-Length: -1``) 400 and closes it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import hashlib
@@ -34,14 +32,11 @@ import hmac
 import ipaddress
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
-__all__ = ["ANONYMOUS", "MAX_JSON_ITEMS", "RequestGuard", "allowed_host_names", "guarded_protocol", "is_loopback",
-           "json_items", "too_many_items"]
+__all__ = ["ANONYMOUS", "MAX_JSON_ITEMS", "RequestGuard", "allowed_host_names", "is_loopback", "json_items",
+           "too_many_items"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -141,11 +136,7 @@ class RequestGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        headers: dict[str, str] = {}
-        for key, value in scope["headers"]:
-            name = key.decode("latin-1").lower()
-            headers[name] = f"{headers[name]}, {value.decode('latin-1')}" if name in headers \
-                else value.decode("latin-1")
+        headers = _header_map(scope["headers"])
         refusal = self._check(scope, headers)
         if refusal is not None:
             await _refuse(scope, send, *refusal)
@@ -168,7 +159,19 @@ class RequestGuard:
                 return
         await self.app(scope, receive, send)
 
+    def admits(self, raw_headers: Sequence[tuple[bytes, bytes]]) -> bool:
+        """Whether a request with these headers passes the checks of its origin: the ``Host``, no ``Origin``, the
+        token when the server has tokens (what admits a connection, `serve_connections`)."""
+        headers = _header_map(raw_headers)
+        return self._check_origin(headers) is None and self._owner(headers) is not None
+
     def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
+        refusal = self._check_origin(headers)
+        if refusal is not None or scope["type"] != "http":
+            return refusal
+        return self._check_body(scope, headers)
+
+    def _check_origin(self, headers: dict[str, str]) -> tuple[int, str] | None:
         host = headers.get("host")
         if host is None:
             return 400, "expected a Host header, got none; fix: send HTTP/1.1 requests with Host"
@@ -181,8 +184,9 @@ class RequestGuard:
         if "origin" in headers:
             return 403, (f"expected no Origin header (this server answers programs, not web pages), got Origin "
                          f"{headers['origin'][:100]!r}; fix: call it from a program, not from a browser page")
-        if scope["type"] != "http":
-            return None
+        return None
+
+    def _check_body(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
         length = headers.get("content-length")
         if "transfer-encoding" in headers:
             return 411, "expected a Content-Length, got Transfer-Encoding; fix: send the body with its length"
@@ -218,6 +222,15 @@ class RequestGuard:
         return None
 
 
+def _header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Request headers by lower-case name, repeated ones joined with commas."""
+    headers: dict[str, str] = {}
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        headers[name] = f"{headers[name]}, {value.decode('latin-1')}" if name in headers else value.decode("latin-1")
+    return headers
+
+
 async def _read_body(receive: Receive) -> tuple[bytes, Receive] | None:
     """The request's whole body (its length is checked already) and a ``receive`` that hands it on again; None
     when the client left before sending it all."""
@@ -251,69 +264,3 @@ async def _refuse(scope: Scope, send: Send, status: int, message: str,
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})
-
-
-def _raw_response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"detail": message}).encode()
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n").encode() + body
-
-
-def guarded_protocol(max_connections: int, request_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with the module docstring's connection cap and request deadline."""
-
-    class GuardedH11Protocol(H11Protocol):
-        _refused = False
-        _deadline: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if len(self.connections) >= max_connections:
-                self._refused = True
-                transport.write(_raw_response(503, "Service Unavailable",
-                                              f"expected at most {max_connections} connections at once, got one "
-                                              "more; fix: reuse a connection, or retry later"))
-                transport.close()
-                return
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._refused:
-                return
-            self._disarm()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._refused:
-                return
-            if self._deadline is None and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
-                self._arm()  # the first bytes of the next request on a kept-alive connection
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
-                self._disarm()  # the whole request is in (or the connection is done)
-
-        def handle_websocket_upgrade(self, event: h11.Request) -> None:
-            self._disarm()  # a WebSocket's idle time is the session's (pings and the session timeout)
-            super().handle_websocket_upgrade(event)
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(request_timeout_s, self._expire)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _expire(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
-                # no answer begun to this request: ours is its answer
-                self.transport.write(_raw_response(408, "Request Timeout",
-                                                   f"expected a whole request within {request_timeout_s:g} s, got "
-                                                   "part of one; fix: send the headers and body at once"))
-            self.transport.close()
-
-    return GuardedH11Protocol

@@ -4,15 +4,19 @@ answered only when its owner matches: any other id is unknown (404), whether or 
 
 Every session and every snapshot handle takes a unit of the server's `LiveBudget`; closing a session gives
 back its own and its handles'. Requests to one session run one at a time (its lock), each env call on a worker
-thread, so sessions play in parallel. A session unused for ``idle_s`` is closed.
+thread, so sessions play in parallel: at most ``ENV_CALLS`` at once, handed out in turn by client
+(`trace_gym.fairness`: the owner with the fewest calls running first, then its session with the fewest), and each
+call runs on behalf of its owner and session, so that the shared resources it queues for (the answer checkers)
+serve clients in turn too. A session unused for ``idle_s`` is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -20,6 +24,7 @@ from anyio import to_thread
 
 from trace_gym.env_specs import EnvFactory
 from trace_gym.errors import ConfigError, UserError
+from trace_gym.fairness import Client, FairQueue, on_behalf_of
 from trace_gym.integrations.serve_budget import LiveBudget
 from trace_gym.integrations.serve_payloads import EnvResult, EpisodeState, TurnObservation
 from trace_gym.integrations.session import EnvSession
@@ -27,6 +32,9 @@ from trace_gym.integrations.session import EnvSession
 __all__ = ["Live", "SessionTable", "UnknownSession", "check_playable", "result_of_reset", "result_of_step", "state_of"]
 
 T = TypeVar("T")
+ENV_CALLS = 32
+"""Env calls running at once on worker threads (below the 40 threads of anyio's default limiter, which the
+sessions' opening and closing use too)."""
 
 
 class UnknownSession(UserError):
@@ -46,6 +54,42 @@ class Live:
     closed: bool = False
 
 
+class FairSlots:
+    """At most ``capacity`` holders at once, the waiting ones let in by `FairQueue`'s turn; event loop only."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.used = capacity, 0
+        self.waiting: FairQueue[asyncio.Future[None]] = FairQueue()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, client: Client) -> AsyncIterator[None]:
+        turn = asyncio.get_running_loop().create_future()
+        self.waiting.push(client, turn)
+        self._hand_out()
+        try:
+            await turn
+        except BaseException:  # cancelled (the client left): give back a slot handed over meanwhile
+            if not self.waiting.remove(client, turn):
+                self._give_back(client)
+            raise
+        try:
+            yield
+        finally:
+            self._give_back(client)
+
+    def _give_back(self, client: Client) -> None:
+        self.waiting.done(client)
+        self.used -= 1
+        self._hand_out()
+
+    def _hand_out(self) -> None:
+        while self.used < self.capacity and len(self.waiting):
+            _, turn = self.waiting.pop()
+            self.used += 1
+            if not turn.done():
+                turn.set_result(None)
+
+
 class SessionTable:
     """The open sessions of one server, all of ``factory``'s env, within ``budget``; ``spare``: an env built
     already (the server's check of the operator's arguments), the first session's."""
@@ -54,6 +98,7 @@ class SessionTable:
         self.factory, self.budget, self.idle_s, self.spare = factory, budget, idle_s, spare
         self._live: dict[str, Live] = {}
         self._unlisted: set[Live] = set()
+        self.slots = FairSlots(ENV_CALLS)
 
     def __len__(self) -> int:
         return len(self._live) + len(self._unlisted)
@@ -89,13 +134,20 @@ class SessionTable:
         return live
 
     async def call(self, live: Live, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on a worker thread, alone in ``live``."""
+        """``fn(*args)`` on a worker thread, alone in ``live``, in its client's turn and on its behalf."""
+        client = Client(live.owner, live.id)
+
+        def run() -> T:
+            with on_behalf_of(client):
+                return fn(*args)
+
         async with live.lock:
             if live.closed:
                 raise UnknownSession("expected an open session, got one closed meanwhile; fix: POST /reset")
             live.used = time.monotonic()
             try:
-                return await to_thread.run_sync(fn, *args)
+                async with self.slots.hold(client):
+                    return await to_thread.run_sync(run)
             finally:
                 live.used = time.monotonic()
 

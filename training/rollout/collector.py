@@ -35,7 +35,10 @@ Choices:
    never what it restores.
 4. A generation that failed (`Generation.error`: a server request out of retries) ends its rollout without an
    env step: a leaf with no action, `truncated=True`, reward 0, `info["stop_reason"] = "server_error"` and the
-   error in `info["error"]`; the other rollouts go on.
+   error in `info["error"]`; the other rollouts go on. An env step that shared infrastructure failed (the env's
+   `info["stop_reason"] = "infra_error"`, `errors.InfraError`) ends its rollout the same way, counted in
+   `infra_errors`. Neither leaf has an outcome: `tree_stats` leaves both out of values, advantages and the
+   predictor's targets (`tree_stats.UNSCORED`), so the update never learns from them.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ class CollectStats:
     context_cuts: int = 0
     server_errors: int = 0
     """Rollouts ended because their generation failed (`Generation.error`: a server request out of retries)."""
+    infra_errors: int = 0
+    """Rollouts ended because an env step's shared infrastructure failed (`info["stop_reason"] == "infra_error"`)."""
     generate_s: float = 0.0
     env_s: float = 0.0
 
@@ -437,6 +442,7 @@ class TreeCollector:
         node.logprobs = [float(x) for x in g.logprobs] if g.logprobs else None
         node.finish_reason, node.prompt_tokens = g.finish_reason, g.prompt_tokens
         stats.env_steps += 1
+        stats.infra_errors += info.get("stop_reason") == "infra_error"
         stats.generated_tokens += len(g.token_ids)
         stats.tool_calls += int(info.get("tool_calls", 0) or 0)
         b.turn += 1

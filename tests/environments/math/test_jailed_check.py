@@ -16,6 +16,8 @@ import pytest
 
 from trace_gym.environments.math import jailed
 from trace_gym.environments.math.answers import check_answer
+from trace_gym.errors import InfraError
+from trace_gym.fairness import Client, on_behalf_of
 from trace_gym.processes import descendant_pids, parent_pid, services
 
 MARK = jailed._MARK
@@ -206,12 +208,74 @@ def test_a_check_that_finds_every_checker_busy_past_the_bound_raises(monkeypatch
     # Infrastructure, not the answer: it must not come back as a 0.
     jailed.start_checker()
     pool = jailed._pool("jail", "nobody")
-    held = [pool.acquire() for _ in range(len(pool.checkers))]
+    hog = Client("hog")
+    held = [pool.acquire(hog) for _ in range(len(pool.checkers))]
     monkeypatch.setattr(jailed, "QUEUE_WAIT_S", 0.2)
     try:
-        with pytest.raises(jailed.CheckerUnavailableError, match="busy"):
+        with pytest.raises(jailed.CheckerUnavailableError, match="busy") as caught:
             check_answer(*GOOD)
+        assert isinstance(caught.value, InfraError)
     finally:
         for checker in held:
-            pool.release(checker)
+            pool.release(checker, hog)
     assert check_answer(*GOOD)[0] == 1.0
+
+
+def test_a_client_whose_checks_hold_every_checker_lets_another_clients_check_go_next() -> None:
+    """One client holds every checker and has more checks queued; another client's check, queued after them,
+    gets the next free checker: it scores before any of the first client's queued checks is done."""
+    jailed.start_checker()
+    pool = jailed._pool("jail", "nobody")
+    hog, other = Client("hog", "s1"), Client("other", "s2")
+    held = [pool.acquire(hog) for _ in range(len(pool.checkers))]
+    finished: list[str] = []
+
+    def check(client: Client, name: str) -> None:
+        with on_behalf_of(client):
+            assert check_answer(*GOOD)[0] == 1.0
+        finished.append(name)
+
+    threads = [threading.Thread(target=check, args=(Client("hog", f"s{i + 3}"), f"hog{i}")) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    _until(lambda: len(pool.waiting) == 3)
+    threads.append(threading.Thread(target=check, args=(other, "other")))
+    threads[-1].start()
+    _until(lambda: len(pool.waiting) == 4)
+    pool.release(held.pop(), hog)  # one checker goes round; the others stay held
+    for thread in threads:
+        thread.join(timeout=300)
+    for checker in held:
+        pool.release(checker, hog)
+    assert finished[0] == "other" and sorted(finished[1:]) == ["hog0", "hog1", "hog2"]
+
+
+def _until(condition) -> None:
+    deadline = time.monotonic() + 60
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert condition()
+
+
+def test_a_check_without_a_checker_in_time_ends_the_episode_unscored(monkeypatch, tmp_path: Path) -> None:
+    """The env's step reports the infrastructure's failure (reward 0.0, truncated, stop reason "infra_error", the
+    reason in one line), never the answer's 0 and never an exception."""
+    from trace_gym.environments.math.env import MathEnv
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"problem": "Write 1/sqrt(2) another way.", "answer": GOOD[1]}) + "\n")
+    env = MathEnv(dataset="math500", data_path=str(data))
+    env.reset(options={"index": 0})
+    jailed.start_checker()
+    pool = jailed._pool("jail", "nobody")
+    hog = Client("hog")
+    held = [pool.acquire(hog) for _ in range(len(pool.checkers))]
+    monkeypatch.setattr(jailed, "QUEUE_WAIT_S", 0.2)
+    try:
+        _, reward, terminated, truncated, info = env.step(f"\\boxed{{{GOOD[0]}}}")
+    finally:
+        for checker in held:
+            pool.release(checker, hog)
+        env.close()
+    assert (reward, terminated, truncated, info["stop_reason"]) == (0.0, False, True, "infra_error")
+    assert "free answer checker" in info["error"] and "\n" not in info["error"] and env.done

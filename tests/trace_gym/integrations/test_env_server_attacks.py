@@ -5,13 +5,16 @@ library would tidy the request up)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -278,29 +281,169 @@ def test_items_are_counted_outside_strings_and_in_one_pass():
     assert json_items(b'"\\' * (MAX_BODY // 2)) == 1
 
 
-def test_half_sent_requests_are_timed_out_and_connections_are_capped():
-    """300 connections that each send half a request: past the cap they are answered 503 at once, the rest
-    408 once the request timeout passes; then the server serves as before."""
-    limits = ServeLimits(max_connections=64, request_timeout_s=1.0)
+def test_half_sent_requests_are_timed_out():
+    """Admitted connections (their headers in) that never finish the body: 408 once the request timeout passes;
+    then the server serves as before."""
+    limits = ServeLimits(request_timeout_s=1.0, admit_timeout_s=60.0)
     with EnvServer(ENTRY_POINT, {"n_tasks": 2}, limits=limits) as server:
         host, port = local_host(server.url).rsplit(":", 1)
-        socks = []
-        for i in range(300):
-            sock = socket.create_connection((host, int(port)), timeout=30)
+        socks = [socket.create_connection((host, int(port)), timeout=30) for _ in range(6)]
+        for sock in socks:
             sock.sendall(b"POST /reset HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Length: 9\r\n"
-                         b"Content-Type: application/json\r\n" + (b"\r\n{\"ind" if i % 2 else b""))
-            socks.append(sock)
+                         b"Content-Type: application/json\r\n\r\n{\"ind")
         answers = [_read_all(sock, 20) for sock in socks]
         for sock in socks:
             sock.close()
-        statuses = sorted({status_of(a) for a in answers})
-        assert statuses == [408, 503] and sum(status_of(a) == 408 for a in answers) <= 64
-        deadline = time.monotonic() + 20
-        while server.server.server_state.connections and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not server.server.server_state.connections
+        assert {status_of(a) for a in answers} == {408} and all(b"whole request" in a for a in answers)
+        _wait_for_no_connections(server)
         env = EnvClient(server.url).open()
         assert env.reset(index=0)[0].startswith("Say something")
+
+
+# ----------------------------------------------------------------------------------------------- connections
+# A flood from the attacker's side, one layer at a time. Every address of 127.0.0.0/8 reaches a loopback server, so
+# a socket bound to 127.0.0.2 is another peer than the token holder's 127.0.0.1.
+def _connect(server: EnvServer, source: str = "127.0.0.1") -> socket.socket:
+    host, port = local_host(server.url).rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30, source_address=(source, 0))
+    return sock
+
+
+def _health(server: EnvServer, sock: socket.socket, token: str | None = TOKEN_A) -> int:
+    """GET /health on ``sock`` (kept alive): the answer's status, 0 when the server closed it instead."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    try:
+        sock.sendall(f"GET /health HTTP/1.1\r\nHost: {local_host(server.url)}\r\n{auth}\r\n".encode())
+        sock.settimeout(30)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return status_of(answer)
+    except OSError:
+        return 0
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+def _closed_with(sock: socket.socket, read_s: float = 30.0) -> bytes:
+    """What the server sent before closing ``sock`` (it must close it within ``read_s``)."""
+    answer = _read_all(sock, read_s)
+    sock.settimeout(read_s)
+    with contextlib.suppress(ConnectionResetError):
+        assert sock.recv(1) == b""  # closed (a timeout here: still open)
+    return answer
+
+
+def _wait_for_no_connections(server: EnvServer) -> None:
+    deadline = time.monotonic() + 30
+    while (server.connections.total or server.server.server_state.connections) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.connections.total == 0 and not server.server.server_state.connections
+
+
+def test_a_connection_without_a_valid_request_is_closed_at_the_admission_deadline():
+    """Sending nothing, trickling a valid request's headers, or sending headers without the token: each holds its
+    socket for the admission deadline at most, far under the request timeout; an admitted connection outlives
+    it, idle between kept-alive requests."""
+    limits = ServeLimits(admit_timeout_s=1.0, request_timeout_s=600.0)
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, tokens=[TOKEN_A], limits=limits) as server:
+        silent, trickle, tokenless, client = (_connect(server) for _ in range(4))
+        assert _health(server, client) == 200
+        trickle.sendall(b"GET /health HTTP/1.1\r\nHo")
+        tokenless.sendall(f"GET /health HTTP/1.1\r\nHost: {local_host(server.url)}\r\n\r\n".encode())
+        assert status_of(_closed_with(silent)) == 408
+        assert status_of(_closed_with(trickle)) == 408
+        assert status_of(_closed_with(tokenless)) == 401  # refused and closed at once
+        assert _health(server, client) == 200  # admitted: the deadline has passed, it stays
+        assert b"valid request" in _closed_with(_connect(server))
+        client.close()
+        _wait_for_no_connections(server)
+
+
+def test_one_peer_holds_only_a_few_connections_that_wait_and_its_newest_stays():
+    """An address past its waiting connections loses its oldest one, never another address's; its own newest
+    stays, so a client behind the same address (this machine, a NAT) whose request is on its way gets in."""
+    limits = ServeLimits(admit_timeout_s=600.0, max_waiting_per_peer=4)
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, tokens=[TOKEN_A], limits=limits) as server:
+        other = _connect(server, "127.0.0.3")  # another peer waiting: untouched by the flood below
+        flood = [_connect(server, "127.0.0.2") for _ in range(4)]
+        _until(lambda: server.connections.total == 5)
+        newcomer = _connect(server, "127.0.0.2")
+        answer = _closed_with(flood[0])
+        assert status_of(answer) == 503 and b"at most 4 connections from one address may wait" in answer
+        assert _health(server, newcomer) == 200  # the newest of the flooding address, admitted
+        assert _health(server, other) == 200
+        more = [_connect(server, "127.0.0.2") for _ in range(4)]  # the flood goes on: its own oldest go
+        assert [status_of(_closed_with(s)) for s in flood[1:]] == [503, 503, 503]
+        assert _health(server, newcomer) == 200 and server.connections.total == 2 + 4
+        for sock in [other, newcomer, *more]:
+            sock.close()
+        _wait_for_no_connections(server)
+
+
+def test_one_peer_cannot_take_more_than_its_share_of_connections():
+    """An address holding its share of admitted connections is refused one more; another address is not."""
+    limits = ServeLimits(admit_timeout_s=600.0, max_per_peer=3)
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, tokens=[TOKEN_A], limits=limits) as server:
+        held = [_connect(server, "127.0.0.2") for _ in range(3)]
+        assert [_health(server, s) for s in held] == [200, 200, 200]
+        answer = _closed_with(_connect(server, "127.0.0.2"))
+        assert status_of(answer) == 503 and b"at most 3 connections from one address" in answer
+        assert _health(server, _connect(server)) == 200
+        assert [_health(server, s) for s in held] == [200, 200, 200]  # the admitted ones are never closed for it
+        for sock in held:
+            sock.close()
+
+
+def test_waiting_connections_from_many_peers_leave_room_for_admitted_ones():
+    """Peers each under their own bound together hold at most the room for waiting connections (8 of 12 here):
+    the reserved 4 stay for admitted ones. A token holder's connections get in beside the flood, and admitted
+    connections can take the whole server, displacing waiting ones, never displaced themselves."""
+    limits = ServeLimits(admit_timeout_s=600.0, request_timeout_s=600.0, max_connections=12, reserved_connections=4,
+                         max_per_peer=12, max_waiting_per_peer=2)
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, tokens=[TOKEN_A], limits=limits) as server:
+        table = server.connections
+        flood = [_connect(server, f"127.0.0.{10 + i // 2}") for i in range(10)]  # five peers, two each
+        answer = _closed_with(flood[0])
+        assert status_of(answer) == 503 and b"at most 8 connections may wait" in answer
+        _until(lambda: table.total == 8 and len(table.waiting) == 8)
+        clients = _admitted(server, 4)
+        flood += [_connect(server, f"127.0.0.{20 + i // 2}") for i in range(6)]  # the flood goes on
+        _until(lambda: table.total == 12 and len(table.waiting) == 8)
+        assert [_health(server, s) for s in clients] == [200] * 4
+        clients += _admitted(server, 8)
+        assert table.total == 12 and not table.waiting
+        assert {status_of(_closed_with(s)) for s in flood[1:]} == {503}  # every flooding socket closed
+        full = _closed_with(_connect(server, "127.0.0.30"))
+        assert status_of(full) == 503 and b"all in use by clients that sent a valid request" in full
+        assert [_health(server, s) for s in clients] == [200] * 12
+        for sock in clients:
+            sock.close()
+
+
+def _admitted(server: EnvServer, count: int) -> list[socket.socket]:
+    """``count`` connections of the token holder, each admitted by a request as soon as it opens."""
+    out = []
+    for _ in range(count):
+        out.append(_connect(server))
+        assert _health(server, out[-1]) == 200
+    return out
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Wait for the server's event loop to catch up with what this side did (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert condition()
 
 
 # ----------------------------------------------------------------------------------------------- the budget
@@ -353,12 +496,65 @@ def test_one_client_cannot_hold_more_sessions_and_snapshots_than_the_host_budget
         EnvServer(HEAVY, limits=ServeLimits(max_live=10_000))
 
 
+# ----------------------------------------------------------------------------------------------- answer checks
+def test_another_clients_costly_answers_cannot_fail_a_step(tmp_path, monkeypatch):
+    """One token's checks hold every answer checker and more of its sessions queue; another token's correct
+    answer gets the next free checker, ahead of them. A check that gets no checker in time is answered 200 as
+    the env's infrastructure failure ("infra_error"), never a 500 and never the answer's 0."""
+    from trace_gym.environments.math import jailed
+    from trace_gym.fairness import Client
+    from trace_gym.integrations.serve_guard import token_owner
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"problem": "Write 1/sqrt(2) another way.", "answer": "\\frac{\\sqrt{2}}{2}"}) + "\n")
+    answer = "\\boxed{\\frac{1}{\\sqrt{2}}}"
+    env_args = {"dataset": "math500", "data_path": str(data)}
+    with EnvServer("trace/Math-v0", env_args, tokens=[TOKEN_A, TOKEN_B]) as server:
+        jailed.start_checker()
+        pool = jailed._pool("jail", "nobody")
+        hog = Client(token_owner(TOKEN_A), "held")
+        held = [pool.acquire(hog) for _ in range(len(pool.checkers))]
+        alice = [EnvClient(server.url, TOKEN_A).open() for _ in range(2)]
+        bob = EnvClient(server.url, TOKEN_B).open()
+        for env in [*alice, bob]:
+            env.reset(index=0)
+        finished: list[str] = []
+
+        def play(env, name: str) -> None:
+            assert env.step(answer)[1] == 1.0
+            finished.append(name)
+
+        threads = [threading.Thread(target=play, args=(env, f"alice{i}")) for i, env in enumerate(alice)]
+        for thread in threads:
+            thread.start()
+        _until(lambda: len(pool.waiting) == 2)
+        threads.append(threading.Thread(target=play, args=(bob, "bob")))
+        threads[-1].start()
+        _until(lambda: len(pool.waiting) == 3)
+        pool.release(held.pop(), hog)  # one checker goes round
+        for thread in threads:
+            thread.join(timeout=300)
+        assert finished[0] == "bob" and sorted(finished[1:]) == ["alice0", "alice1"]
+        held.append(pool.acquire(hog))
+        monkeypatch.setattr(jailed, "QUEUE_WAIT_S", 0.3)
+        try:
+            bob.reset(index=0)
+            _, reward, terminated, truncated, obs = bob.step(answer)
+        finally:
+            for checker in held:
+                pool.release(checker, hog)
+        assert (reward, terminated, truncated, obs["info"]["stop_reason"]) == (0.0, False, True, "infra_error")
+        assert "free answer checker" in obs["info"]["error"]
+        bob.reset(index=0)
+        assert bob.step(answer)[1] == 1.0
+
+
 # ----------------------------------------------------------------------------------------------- the command line
 def test_the_command_refuses_a_token_file_others_can_read(tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKEN_A + "\n")
     tokens.chmod(0o644)
-    result = subprocess.run([sys.executable, "-m", "trace_gym.integrations.env_server", "--env", ENTRY_POINT,
+    result = subprocess.run([sys.executable, "-m", "trace_gym.training.cli", "serve", "--env", ENTRY_POINT,
                              "--token-file", str(tokens)], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).resolve().parents[3],
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
