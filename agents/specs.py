@@ -147,6 +147,10 @@ def check_model_folder(path: str | Path) -> Path:
     p = Path(path)
     fix = "fix: pass a folder written by save_pretrained (a Hugging Face model), or build the tiny model: " \
         f"trace-gym model init --out {path}"
+    gguf = [p] if p.suffix == ".gguf" and p.is_file() else sorted(p.glob("*.gguf")) if p.is_dir() else []
+    if gguf and not (p / "config.json").is_file():
+        raise ConfigError(f"expected a model folder, got a GGUF file ({gguf[0].name}), which transformers cannot "
+                          f"train; fix: trace-gym model fetch {gguf[0]} --out models/{gguf[0].stem} converts it")
     if not p.is_dir():
         raise ConfigError(f"expected a model folder, got {str(path)!r} (no such folder); {fix}")
     if not (p / "config.json").is_file():
