@@ -15,6 +15,7 @@ import contextlib
 import functools
 import math
 import operator
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -162,6 +163,31 @@ class SFTConfig(Section):
     """Further keywords of the env's ``expert(noise, seed, **expert)``, e.g. ``{guess: 0.3}`` on Arithmetic."""
 
 
+class MixEntry(Section):
+    """One env of `env.mix`: what it is, its arguments and its share of the prompts."""
+
+    key: ClassVar[str] = "env.mix[]"
+
+    id: str = Field(min_length=1)
+    """A registered gymnasium id, module:id or module:Class (as `env.id`)."""
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """Its key in task ids and metric names (``rollout/<name>/success``); null: the id's last name without the
+    version (trace/Arithmetic-v0 -> Arithmetic)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Constructor keyword arguments of its training env."""
+    eval_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of `kwargs` for its held-out evaluation env."""
+    weight: float = Field(1.0, gt=0)
+    """Its share of each step's candidate prompts, relative to the other entries' weights."""
+    expert: dict[str, Any] | None = None
+    """Keywords of its scripted expert for the warm start (null: `sft.expert`)."""
+
+    @property
+    def key_name(self) -> str:
+        """`name`, or the id's short name (as `trace_gym.env_mix.short_name` gives it)."""
+        return self.name or re.sub(r"-v\d+$", "", re.split(r"[/:]", self.id)[-1]) or self.id
+
+
 class EnvConfig(Section):
     """The environment and how rollouts use it."""
 
@@ -177,6 +203,25 @@ class EnvConfig(Section):
     """How tree nodes are snapshotted for branching."""
     workers: int = Field(4, ge=1)
     """Threads stepping envs in parallel."""
+    mix: list[MixEntry] = Field(default_factory=list)
+    """Several envs in one run, in place of `id`, `kwargs` and `eval_kwargs` (empty: the one env of `id`): each
+    entry an env, its arguments and a weight; each step's candidate prompts are drawn across them by weight, and
+    metrics and held-out success are reported per env (docs/training.md)."""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> EnvConfig:
+        if not self.mix:
+            return self
+        # Set by value, not by key: a dumped config (config.yaml) holds the defaults beside the mix.
+        both = [k for k in ("id", "kwargs", "eval_kwargs") if getattr(self, k) != type(self).model_fields[k]
+                .get_default(call_default_factory=True)]
+        self.check(not both, f"expected env.mix or env.id, not both, got env.mix with env.{', env.'.join(both)}; "
+                   "fix: move the env into an entry of env.mix (id, kwargs, eval_kwargs, weight)")
+        names = [e.key_name for e in self.mix]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        self.check(not twice, f"expected a distinct name per env.mix entry, got {twice} more than once; fix: give "
+                   "the entries a name each (env.mix[i].name)")
+        return self
 
 
 class RolloutConfig(Section):
@@ -609,18 +654,34 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             raise ConfigError(f"expected an override as key=value, got {item!r}; fix: e.g. optim.lr=1e-4")
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
-        node = data
+        node: Any = data
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
+            child = _item(node, part, key) if isinstance(node, list) else node.setdefault(part, {})
+            if not isinstance(child, dict | list):
                 raise ConfigError(f"expected {part!r} in {key!r} to be a section, got a value; fix: check the key")
             node = child
         try:
-            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml.safe_load(raw) if raw.strip() else ""
+            if isinstance(node, list):
+                node[_index(node, parts[-1], key)] = value
+            else:
+                node[parts[-1]] = value
         except yaml.YAMLError as exc:
             raise ConfigError(f"expected a YAML value in {item!r}, got {type(exc).__name__}; fix: quote it, "
                               f"e.g. {key}='\"text\"'") from None
     return data
+
+
+def _index(items: list[Any], part: str, key: str) -> int:
+    """A list's entry in a dotted key (``env.mix.0.weight``): its index, checked."""
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(f"expected an index below {len(items)} for {part!r} in {key!r}, got {part!r}; fix: "
+                          f"{key.split('.' + part, 1)[0]}.0 ... .{len(items) - 1}, or set the whole list")
+    return int(part)
+
+
+def _item(items: list[Any], part: str, key: str) -> Any:
+    return items[_index(items, part, key)]
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -11,6 +11,11 @@ skyrl-train's evaluation groups its metrics by) and ``reward_spec`` (``{"method"
 task's gold answer as text}``, the form skyrl-train's datasets carry; the env scores with its own verifier and
 never reads it).
 
+Several envs: ``env_config`` may instead hold ``envs: {key: {env: SPEC, env_args: {...}}}``, the operator's envs
+under keys of the operator's choice, and each row then names one of them by its ``env_key`` extra
+(``skyrl_rows(..., env_key=key)`` writes it, and makes the key the row's ``data_source``, so skyrl-train reports
+each env apart); a key the operator did not give is refused, so a row still picks among the operator's envs only.
+
 The operator chooses the env, a row only its task: ``env`` (a spec) and ``env_args`` come from ``env_config``
 alone, since a spec may name any importable ``module:Class`` and the args a ``data_path`` to read; extras that
 try to set them are refused. Of the extras only ``task_id`` is read; the rest (the prompt, skyrl-train's
@@ -31,13 +36,15 @@ from typing import Any
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from skyrl_gym.envs.registration import register, registry
 
+from trace_gym.env_mix import KEY
 from trace_gym.errors import ConfigError
 from trace_gym.integrations.session import EnvSession
 
 __all__ = ["ENV_CLASS", "TraceGymSkyRLEnv", "register_skyrl", "skyrl_rows"]
 
 ENV_CLASS = "trace-gym"
-ROW_CHOOSES_ENV = frozenset({"env", "env_args", "env_kwargs", "env_extras", "env_config", "spec", "data_path"})
+ROW_CHOOSES_ENV = frozenset({"env", "envs", "env_args", "env_kwargs", "env_extras", "env_config", "spec",
+                             "data_path"})
 """Extras keys that would choose the env or its arguments: a data row may not."""
 
 
@@ -55,6 +62,11 @@ class TraceGymSkyRLEnv(BaseTextEnv):
                               "would choose the env or its arguments; fix: set env and env_args in env_config (in "
                               f"skyrl-train: environment.skyrl_gym.{ENV_CLASS}.env and .env_args) and build rows "
                               "with trace_gym.integrations.skyrl_env.skyrl_rows")
+        if "envs" in settings:
+            settings = _operator_env(settings, row.get("env_key"))
+        elif "env_key" in row:
+            raise ConfigError(f"expected no env_key in a row of a single-env env_config, got {row['env_key']!r}; "
+                              f"fix: list the envs in env_config (envs: {{key: {{env: SPEC, env_args: {{...}}}}}})")
         if not isinstance(settings.get("env"), str):
             raise ConfigError(f"expected env_config to name the env (env: SPEC, env_args: {{...}}), got keys "
                               f"{sorted(settings)}; fix: in skyrl-train set +environment.skyrl_gym.{ENV_CLASS}.env="
@@ -112,21 +124,43 @@ def register_skyrl() -> str:
     return ENV_CLASS
 
 
-def skyrl_rows(spec: str, env_args: Mapping[str, Any] | None = None, tasks: int | None = None
-               ) -> list[dict[str, Any]]:
+def skyrl_rows(spec: str, env_args: Mapping[str, Any] | None = None, tasks: int | None = None,
+               env_key: str | None = None) -> list[dict[str, Any]]:
     """Dataset rows in skyrl-train's form for the first ``tasks`` tasks of ``spec`` (all by default): ``prompt``
     (the env's first messages), ``env_class``, ``task_id``, ``data_source`` and ``reward_spec`` (module
-    docstring); the env itself goes in the operator's ``env_config``."""
+    docstring), and ``env_key`` when given (the operator's key of this env in an ``envs`` env_config, then also
+    the ``data_source``); the env itself goes in the operator's ``env_config``."""
+    if env_key is not None and not KEY.match(env_key):
+        raise ConfigError(f"expected an env key of letters, digits, '_', '.' or '-', got {env_key!r}; fix: a short "
+                          "word such as 'math'")
     session = EnvSession(spec, env_args)
     try:
         rows = []
         for task in list(session.base.tasks)[:tasks]:
             messages = session.reset(task_id=task.id)["messages"]
-            rows.append({"prompt": messages, "env_class": ENV_CLASS, "task_id": task.id, "data_source": spec,
-                         "reward_spec": {"method": "rule", "ground_truth": _text(task.answer)}})
+            rows.append({"prompt": messages, "env_class": ENV_CLASS, "task_id": task.id,
+                         "data_source": spec if env_key is None else env_key,
+                         "reward_spec": {"method": "rule", "ground_truth": _text(task.answer)},
+                         **({"env_key": env_key} if env_key is not None else {})})
         return rows
     finally:
         session.close()
+
+
+def _operator_env(settings: Mapping[str, Any], key: Any) -> dict[str, Any]:
+    """The ``{env, env_args}`` of the operator's env that a row's ``env_key`` names (module docstring)."""
+    envs = settings["envs"]
+    if set(settings) != {"envs"} or not isinstance(envs, Mapping) or not envs:
+        raise ConfigError(f"expected env_config as envs: {{key: {{env: SPEC, env_args: {{...}}}}}} alone, got keys "
+                          f"{sorted(settings)}; fix: put every env under envs, or use env and env_args for one env")
+    if not isinstance(key, str) or key not in envs:
+        raise ConfigError(f"expected the row's env_key to name one of the operator's envs {sorted(envs)}, got "
+                          f"{str(key)[:80]!r}; fix: build each env's rows with skyrl_rows(spec, env_args, "
+                          "env_key=KEY) under the key env_config gives it")
+    chosen = envs[key]
+    if not isinstance(chosen, Mapping):
+        raise ConfigError(f"expected envs.{key} as {{env: SPEC, env_args: {{...}}}}, got {chosen!r}")
+    return dict(chosen)
 
 
 def _text(answer: Any) -> str:

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from trace_gym.env_mix import env_of
 from trace_gym.errors import ConfigError
 from trace_gym.tree_stats import tree_arrays, tree_values
 
@@ -151,10 +152,13 @@ class FeaturePredictor:
     _DENSE = 6  # bias, depth/8, error count/8, error fraction, answer given, last turn was an error
 
     def __init__(self, dim: int = 2**14, lr: float = 0.01, steps: int = 60, l2: float = 1e-4,
-                 max_chars: int = 2000):
+                 max_chars: int = 2000, env_feature: bool = False):
         if dim <= self._DENSE:
             raise ConfigError(f"expected dim > {self._DENSE}, got {dim}")
         self.dim, self.lr, self.steps, self.l2, self.max_chars = dim, lr, steps, l2, max_chars
+        self.env_feature = env_feature
+        """Add the prompt's env (the key of its namespaced task id, `trace_gym.env_mix`) as a feature of its own:
+        a mixed run's envs differ in difficulty, and unseen prompts share it (off for one env: no feature)."""
         self.w = np.zeros(dim)
         self._m = np.zeros(dim)
         self._v = np.zeros(dim)
@@ -181,6 +185,8 @@ class FeaturePredictor:
             "a": _ngrams(last_action[-self.max_chars:]),
             "o": _ngrams(last_obs[-self.max_chars:]),
         }
+        if self.env_feature:
+            groups["e"] = [env_of(prefix.task_id)]
         for ns, tokens in groups.items():
             uniq = set(tokens)
             for tok in uniq:

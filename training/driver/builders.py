@@ -13,7 +13,7 @@ import gymnasium as gym
 import torch
 
 from trace_gym.agents.policy import SamplingParams
-from trace_gym.env import TextEnv
+from trace_gym.env_mix import env_of
 from trace_gym.env_specs import spec_class
 from trace_gym.errors import SetupError
 from trace_gym.limits import HostNeeds, ensure_host
@@ -28,6 +28,7 @@ from trace_gym.training.allocation.predictor import (
     with_memory,
 )
 from trace_gym.training.config import TrainConfig
+from trace_gym.training.driver import mix
 from trace_gym.training.rollout.collector import Collector, SnapshotPolicy, TreeCollector
 
 
@@ -69,10 +70,12 @@ def worker_policy(cfg: TrainConfig, model_path: str) -> Any:
     return make_policy(cfg, model, tokenizer, model_path)  # type: ignore[arg-type]
 
 
-def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 1024) -> Callable[..., torch.Tensor]:
-    """Final hidden state at the last token of a plain rendering of each prefix (HiddenStatePredictor). The
-    prefixes of a step share their prompts and early turns, so they run tree-packed (training/update/packing.py: each
-    shared prefix computed once) where the model takes a custom mask, else one forward per prefix."""
+def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 1024, env_tag: bool = False
+                    ) -> Callable[..., torch.Tensor]:
+    """Final hidden state at the last token of a plain rendering of each prefix (HiddenStatePredictor), led by
+    ``[env]`` (the env key of its namespaced task id) with ``env_tag``. The prefixes of a step share their prompts
+    and early turns, so they run tree-packed (training/update/packing.py: each shared prefix computed once) where the
+    model takes a custom mask, else one forward per prefix."""
     from trace_gym.training.update.packing import last_hidden_states, packing_unsupported
 
     packed = packing_unsupported(model) is None
@@ -81,6 +84,7 @@ def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 10
         rows = []
         for p in prefixes:
             text = "\n".join([p.prompt, *(f"{a}\n{o}" for a, o in p.turns)])
+            text = f"[{env_of(p.task_id)}]\n{text}" if env_tag else text
             ids = tokenizer(text, add_special_tokens=False)["input_ids"][-max_tokens:]
             rows.append(ids or [tokenizer.pad_token_id])
         with torch.no_grad():
@@ -96,11 +100,13 @@ def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 10
 def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., torch.Tensor], int]]) -> Predictor:
     """``predictor.kind``: the text-feature model, or a head on hidden states; ``hidden()`` gives the hidden-state
     function (`hidden_state_fn`) and its width, and is called only for that kind. ``predictor.replay`` and
-    ``predictor.prior_strength`` wrap it in the memory wrappers (`predictor.with_memory`; off by default), and
-    ``predictor.calibrate`` in the online recalibration (`predictor.CalibratedPredictor`)."""
+    ``predictor.prior_strength`` wrap it in the memory wrappers (`predictor_wrappers.with_memory`; off by
+    default), and ``predictor.calibrate`` in the online recalibration (`predictor_wrappers.CalibratedPredictor`).
+    With ``env.mix`` the predictor is told each prompt's env: a feature of its own (`FeaturePredictor`'s
+    ``env_feature``), or the env's name leading the text the hidden state reads (`hidden_state_fn`'s ``env_tag``)."""
     p = cfg.predictor
     if p.kind == "features":
-        inner: Predictor = FeaturePredictor(lr=p.lr, steps=p.steps)
+        inner: Predictor = FeaturePredictor(lr=p.lr, steps=p.steps, env_feature=bool(cfg.env.mix))
     else:
         fn, size = hidden()
         inner = HiddenStatePredictor(fn, size, lr=p.lr, steps=p.steps, seed=cfg.seed)
@@ -116,8 +122,8 @@ def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env
     allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
     budget = cfg.alloc.budget
     snapshots = SnapshotPolicy.for_allocator(allocator, budget)
-    cls = spec_class(cfg.env.id)
-    footprint = cls.host_footprint(snapshots.branching) if cls is not None and issubclass(cls, TextEnv) else None
+    classes = [spec_class(e.id) for e in cfg.env.mix] or [spec_class(cfg.env.id)]
+    footprint = mix.footprint(classes, snapshots.branching)  # the heaviest env's, with several
     if footprint is not None:  # the step's peak must fit this host: fail now with the fix, not at step 40
         ensure_host(HostNeeds.of(budget.total, footprint))
     if cfg.distributed == "ray":

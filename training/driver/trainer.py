@@ -35,6 +35,7 @@ from trace_gym import threads
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.config import TrainConfig, dump_config
+from trace_gym.training.driver import mix
 from trace_gym.training.driver.builders import (
     hidden_state_fn,
     make_collector,
@@ -88,8 +89,10 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(cfg.model.device)
         torch.manual_seed(cfg.seed)
-        self.make_env = env_factory(cfg.env.id, cfg.env.kwargs)
-        self.make_eval_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
+        self.mix = mix.make_mix(cfg.env) if cfg.env.mix else None  # several envs: training/driver/mix.py
+        self.make_env = self.mix or env_factory(cfg.env.id, cfg.env.kwargs)
+        self.make_eval_env = (mix.make_mix(cfg.env, evaluation=True) if cfg.env.mix else
+                              env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs}))
         rank, _ = join_process_group(cfg.model.strategy)
         self.lead = rank == 0  # rank 0 runs the step; other ranks only join the update (training/update/learner.py)
         state, model_path = None, None
@@ -116,17 +119,24 @@ class Trainer:
         # The generation backend shares the trained model when it can, else holds its own copy or engine.
         self.policy = (make_policy(cfg, self.learner.model, self.tokenizer, model_path)
                        if self.learner.shares_weights else worker_policy(cfg, model_path))
-        self.predictor = make_predictor(cfg, lambda: (hidden_state_fn(self._features_model(), self.tokenizer),
+        self.predictor = make_predictor(cfg, lambda: (hidden_state_fn(self._features_model(), self.tokenizer,
+                                                                      env_tag=bool(cfg.env.mix)),
                                                       self.learner.config.hidden_size))
         self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
         self.budget = cfg.alloc.budget
-        self.stream = TaskStream(env_tasks(self.make_env), cfg.seed)
+        self.stream: TaskStream | mix.MixedStream = (
+            mix.MixedStream.of(self.mix, cfg.seed, TaskStream) if self.mix else TaskStream(env_tasks(self.make_env),
+                                                                                         cfg.seed))
+        if isinstance(self.stream, mix.MixedStream):
+            self.stream.check_pool(cfg.alloc.pool_size)
         if cfg.alloc.pool_size > len(self.stream.tasks):
             raise ConfigError(f"expected alloc.pool_size <= the {len(self.stream.tasks)} training prompts, got "
                               f"{cfg.alloc.pool_size}; fix: alloc.pool_size={len(self.stream.tasks)} or more data")
         self.collector = make_collector(cfg, self.policy, self.make_env, self.stream.tasks, self.sampling,
                                         self.tokenizer, model_path)
-        self.eval_tasks: list[Task] = env_tasks(self.make_eval_env)[:cfg.eval.tasks] if cfg.eval.tasks else []
+        self.eval_tasks: list[Task] = (mix.eval_tasks(self.make_eval_env, cfg.eval.tasks)
+                                       if isinstance(self.make_eval_env, mix.EnvMix) else
+                                       env_tasks(self.make_eval_env)[:cfg.eval.tasks] if cfg.eval.tasks else [])
         self.eval_collector = (eval_collector(self.policy, self.make_eval_env, self.eval_tasks, cfg.eval, cfg.rollout,
                                               cfg.env.workers, self.tokenizer) if self.eval_tasks else None)
         self.history = RunHistory()
@@ -171,9 +181,12 @@ class Trainer:
     def _take_step(self, step: int, update: Update | None, timer: StageTimer | None) -> StepResult:
         cfg = self.cfg
         pool = self.stream.take(cfg.alloc.pool_size)
-        return take_step(self.collector, self.allocator, self.predictor, pool, self.budget, seed=cfg.seed, step=step,
-                         advantage=cfg.optim.advantage, update=update, skip_zero=cfg.optim.skip_zero_advantage,
-                         timer=timer, predictor_target=cfg.predictor.target)
+        result = take_step(self.collector, self.allocator, self.predictor, pool, self.budget, seed=cfg.seed,
+                           step=step, advantage=cfg.optim.advantage, update=update,
+                           skip_zero=cfg.optim.skip_zero_advantage, timer=timer, predictor_target=cfg.predictor.target)
+        if self.mix is not None:
+            result.metrics.update(mix.rollout_metrics(pool, result.trees, result.samples.advantages))
+        return result
 
     def sync_weights(self) -> None:
         """Push the trained weights to every generation backend that does not share the trained model."""
@@ -212,10 +225,14 @@ class Trainer:
         metrics = result.metrics()
         if self.cfg.eval.expert:
             if self._expert_seqs is None:
-                self._expert_seqs = expert_sequences(self.make_eval_env, self.eval_tasks, self.tokenizer)
+                self._expert_seqs = (mix.expert_sequences(self.make_eval_env, self.eval_tasks, self.tokenizer)
+                                     if isinstance(self.make_eval_env, mix.EnvMix) else
+                                     expert_sequences(self.make_eval_env, self.eval_tasks, self.tokenizer))
             probs = np.exp(expert_logprob(self.learner.model, self._expert_seqs, self.tokenizer.pad_token_id))
             per_prompt["expert"] = probs.tolist()
             metrics["eval/expert_prob"] = float(probs.mean())
+        if self.mix is not None:
+            metrics.update(mix.eval_metrics(self.eval_tasks, per_prompt))
         self.history.add_eval(self.step_count, result.success, result.tool_use, per_prompt)
         return metrics
 
@@ -278,6 +295,7 @@ class Trainer:
             "effective_ratio_last": ratios[-1] if ratios else None,
             "trajectories_per_step": self.budget.total, "trajectories": self.history.trajectories,
             "generated_tokens": self.history.tokens, "wall_s": wall_s,
+            **({"envs": mix.summary(self.eval_tasks, first, last)} if self.mix is not None else {}),
         }
 
     def close(self) -> None:
@@ -293,12 +311,16 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoint state
     def _state(self) -> dict[str, Any]:
         return {"step": self.step_count, "data_position": self.stream.position, "history": self.history.to_dict(),
-                "allocator": self.allocator.state_dict()}
+                "allocator": self.allocator.state_dict(),
+                **({"data_positions": self.stream.positions} if isinstance(self.stream, mix.MixedStream) else {})}
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         self.predictor.load_state_dict(state["predictor"])
         self.step_count = int(state["trainer"]["step"])
-        self.stream.position = int(state["trainer"]["data_position"])
+        if isinstance(self.stream, mix.MixedStream):
+            self.stream.positions = state["trainer"].get("data_positions", {})
+        else:
+            self.stream.position = int(state["trainer"]["data_position"])
         self.history = RunHistory.from_dict(state["trainer"]["history"])
         self.allocator.load_state_dict(state["trainer"].get("allocator", {}))
         torch.set_rng_state(state["rng"]["torch"])

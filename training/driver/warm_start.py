@@ -23,9 +23,11 @@ import gymnasium as gym
 from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.agents.scripted import ExpertPolicy
 from trace_gym.agents.sft import SFTSettings, sft
+from trace_gym.env_mix import EnvMix
 from trace_gym.env_specs import EnvFactory, env_factory, env_tasks
 from trace_gym.errors import ConfigError
 from trace_gym.training.config import TrainConfig
+from trace_gym.training.driver.mix import expert_episodes
 from trace_gym.training.rollout.collector import TreeCollector
 from trace_gym.training.rollout.evaluate import EvalResult, evaluate, rollout_chunks
 
@@ -72,7 +74,9 @@ def held_out_eval(policy: Policy, make_env: Callable[[], gym.Env], n: int = 100,
 
 def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any = None) -> str:
     """The model folder RL starts from: builds the tiny model when asked and absent, then runs SFT on
-    scripted-expert episodes when asked and `sft.output` holds no model yet."""
+    scripted-expert episodes when asked and `sft.output` holds no model yet (over an `EnvMix`: each env's expert,
+    `mix.expert_episodes`)."""
+
     base = Path(cfg.model.path)
     if not (base / "config.json").is_file():
         if cfg.model.init_size is None:
@@ -88,8 +92,9 @@ def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any =
     if (out / "config.json").is_file():
         return str(out)
     _say(console, f"warm start: SFT on {cfg.sft.episodes} scripted-expert episodes -> {out}")
-    data = collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed,
-                                   expert=cfg.sft.expert)
+    data = (expert_episodes(cfg, make_env) if isinstance(make_env, EnvMix) else
+            collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed,
+                                    expert=cfg.sft.expert))
     sft(base, data, out, SFTSettings(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
                                      seed=cfg.seed), progress=console is not None)
     return str(out)

@@ -27,6 +27,12 @@ TRL's settings hold:
 - ``temperature``, ``top_p`` and ``top_k`` are the trainer's; ``min_p`` and ``repetition_penalty`` are not
   applied (the logprob convention of trace_gym.agents.policy has no place for them).
 
+Several envs (``TraceGymRollout(envs={"math": ("trace/Arithmetic-v0", {...}), "chain": (...)})``): the operator names
+each env by a key of their own; `dataset()` holds every env's tasks, each row with its ``env`` key and a task id
+namespaced by it (``"math/train-3"``, `trace_gym.env_mix`), and each prompt plays on its own env. A prompt is
+looked up among the operator's envs' own prompts only, so no row can bring an env of its own; the mix's proportions
+are the dataset's (``dataset(tasks={"math": 200, "chain": 100})``).
+
 Choices:
 1. Each call gets a fresh collector (the trainer's model changes between calls; the envs are rebuilt, which
    the Arithmetic sandbox does in well under a second).
@@ -43,7 +49,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trace_gym.agents.policy import Policy
-from trace_gym.env_specs import env_factory
+from trace_gym.env_mix import EnvMix
+from trace_gym.env_specs import EnvFactory, env_factory
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
 
@@ -81,28 +88,47 @@ class TraceGymRollout:
     """A ``rollout_func`` (and its dataset and reward) for ``GRPOTrainer`` over the env ``spec`` (module
     docstring)."""
 
-    def __init__(self, spec: str, env_args: Mapping[str, Any] | None = None, max_new_tokens: int = 256,
-                 max_context: int = 4096, workers: int = 2):
-        self.spec, self.env_args = spec, dict(env_args or {})
-        self.make_env = env_factory(spec, self.env_args)
+    def __init__(self, spec: str | None = None, env_args: Mapping[str, Any] | None = None, max_new_tokens: int = 256,
+                 max_context: int = 4096, workers: int = 2,
+                 envs: Mapping[str, tuple[str, Mapping[str, Any] | None]] | None = None):
+        if (spec is None) == (envs is None):
+            raise ConfigError(f"expected one env spec or envs={{key: (spec, env_args)}}, got spec={spec!r} and "
+                              f"envs={envs!r}; fix: TraceGymRollout('trace/Arithmetic-v0', {{...}}) or "
+                              "TraceGymRollout(envs={'math': ('trace/Arithmetic-v0', {...}), ...})")
+        self.spec, self.env_args = spec or ", ".join(envs or {}), dict(env_args or {})
+        self.make_env: EnvFactory | EnvMix = (env_factory(spec, self.env_args) if spec is not None else
+                                              EnvMix.of({k: (s, a, 1.0) for k, (s, a) in (envs or {}).items()}))
         self.max_new_tokens, self.max_context, self.workers = max_new_tokens, max_context, workers
-        self.tasks: list[Task] = self.make_env.tasks()
+        by_env = self.make_env.tasks() if isinstance(self.make_env, EnvMix) else {"": self.make_env.tasks()}
+        self.tasks: list[Task] = [t for ts in by_env.values() for t in ts]
+        self._env: dict[str, str] = {t.id: k for k, ts in by_env.items() for t in ts}
         self._prompts: dict[str, list[dict[str, Any]]] = {}
-        with self.make_env.reading() as env:
-            for task in self.tasks:
-                _, info = env.reset(options={"task": task})
-                self._prompts[task.id] = [dict(m) for m in info["messages"]]
+        for key, tasks in by_env.items():
+            factory = self.make_env.factory(key) if isinstance(self.make_env, EnvMix) else self.make_env
+            with factory.reading() as env:
+                for task in tasks:
+                    _, info = env.reset(options={"task": task})
+                    self._prompts[task.id] = [dict(m) for m in info["messages"]]
         self._by_prompt = {_key(m): tid for tid, m in reversed(list(self._prompts.items()))}
         self.last: dict[str, Any] = {}
         """The last call's episodes per prompt (task id, rewards, turns), for logs and tests."""
 
-    def dataset(self, tasks: int | None = None) -> Any:
-        """A ``datasets.Dataset`` of the first ``tasks`` tasks (all by default): ``prompt`` (messages) and
-        ``task_id``."""
+    def dataset(self, tasks: int | Mapping[str, int] | None = None) -> Any:
+        """A ``datasets.Dataset`` of the first ``tasks`` tasks (all by default; with several envs, of each env, or
+        ``{key: count}`` per env): ``prompt`` (messages) and ``task_id``, and ``env`` (the operator's key) with
+        several envs."""
         from datasets import Dataset
 
-        chosen = self.tasks[:tasks]
-        return Dataset.from_list([{"prompt": self._prompts[t.id], "task_id": t.id} for t in chosen])
+        if not isinstance(self.make_env, EnvMix):
+            if isinstance(tasks, Mapping):
+                raise ConfigError(f"expected a number of tasks for one env, got {dict(tasks)!r}; fix: dataset(N)")
+            return Dataset.from_list([{"prompt": self._prompts[t.id], "task_id": t.id} for t in self.tasks[:tasks]])
+        counts = dict(tasks) if isinstance(tasks, Mapping) else dict.fromkeys(self.make_env.keys, tasks)
+        for key in counts:
+            self.make_env.factory(key)  # an unknown key fails here, with the operator's keys
+        chosen = [t for key, n in counts.items() for t in [t for t in self.tasks if self._env[t.id] == key][:n]]
+        return Dataset.from_list([{"prompt": self._prompts[t.id], "task_id": t.id, "env": self._env[t.id]}
+                                  for t in chosen])
 
     def task_of(self, prompt: Sequence[Mapping[str, Any]] | str) -> Task:
         """The task whose prompt is ``prompt`` (a row of `dataset`)."""
@@ -170,9 +196,32 @@ class TraceGymRollout:
             log.warning("%d of %d episodes were cut at max_completion_length=%d (the longest completion: %d tokens) "
                         "and scored 0; raise max_completion_length, or lower max_new_tokens or the env's max_turns",
                         sum(out["env_truncated"]), len(tasks), limit, longest)
-        self.last = {"task_ids": [t.id for t in tasks], "rewards": list(out["env_reward"]),
+        self.last = {"task_ids": [t.id for t in tasks], "envs": [self._env[t.id] for t in tasks],
+                     "rewards": list(out["env_reward"]),
                      "turns": list(out["env_turns"]), "truncated": list(out["env_truncated"])}
         return out
+
+    def env_rewards(self) -> list[Any]:
+        """One reward function per env of the mix, named ``env_reward_<key>``: the env reward on that env's rows,
+        None on the others (TRL leaves a None out of that function's mean and adds the functions' rewards up). Given
+        as ``reward_funcs`` in place of `reward` they score every episode the same, and TRL's log gains each env's
+        mean reward (``rewards/env_reward_<key>/mean``)."""
+        if not isinstance(self.make_env, EnvMix):
+            raise ConfigError("expected a rollout over several envs for per-env rewards, got one env; fix: "
+                              "TraceGymRollout(envs={...}), or reward_funcs=rollout.reward")
+
+        def of(key: str) -> Any:
+            def env_reward(prompts: Any = None, completions: Any = None, env_reward: Sequence[float] | None = None,
+                           env: Sequence[str] | None = None, **kwargs: Any) -> list[float | None]:
+                rewards = TraceGymRollout.reward(env_reward=env_reward)
+                if env is None:
+                    raise ConfigError("expected the dataset's env column, got none; fix: train on rollout.dataset()")
+                return [r if e == key else None for r, e in zip(rewards, env, strict=True)]
+
+            env_reward.__name__ = f"env_reward_{key}"
+            return env_reward
+
+        return [of(key) for key in self.make_env.keys]
 
     @staticmethod
     def reward(prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,

@@ -103,3 +103,50 @@ def test_a_skyrl_env_branches_from_a_snapshot():
 def test_a_row_without_a_task_id_says_how_to_build_rows():
     with pytest.raises(ConfigError, match="skyrl_rows"):
         TraceGymSkyRLEnv({"env": "trace/Arithmetic-v0"}, {"prompt": []})
+
+
+MIXED = {"envs": {"math": {"env": "trace/Arithmetic-v0", "env_args": ARGS},
+                  "even": {"env": ENTRY_POINT, "env_args": {"n_tasks": 2}}}}
+
+
+def test_rows_of_several_operator_envs_each_play_their_own_env(tmp_path):
+    rows = skyrl_rows("trace/Arithmetic-v0", ARGS, env_key="math") + skyrl_rows(ENTRY_POINT, {"n_tasks": 2},
+                                                                                env_key="even")
+    assert [(r["env_key"], r["data_source"]) for r in rows] == [("math", "math")] * 3 + [("even", "even")] * 2
+    datasets.Dataset.from_list(rows).to_parquet(tmp_path / "train.parquet")
+    operator = OmegaConf.create({ENV_CLASS: MIXED})
+    rewards = {}
+    for prompt, env_class, extras in skyrl_train_inputs(tmp_path / "train.parquet"):
+        env = skyrl_gym.make(env_class, env_config=operator.get(env_class), extras=extras)
+        chat, _ = env.init(prompt)
+        assert chat == prompt
+        if extras["env_key"] == "math":  # the expert's two turns solve Arithmetic
+            out = env.step(expert_turn(chat))
+            out = env.step(expert_turn([*chat, {"role": "assistant", "content": "x"}, *out["observations"]]))
+        else:  # the parity env: any first turn, then an even-length one
+            env.step("first")
+            out = env.step("even")
+        rewards[(extras["env_key"], extras["task_id"])] = out["reward"]
+        env.close()
+    assert rewards == {**{("math", r["task_id"]): 1.0 for r in rows[:3]}, ("even", "p0-0"): 1.0, ("even", "p0-1"): 1.0}
+
+
+@pytest.mark.parametrize("key", ["other", ENTRY_POINT, "../math", None, {"env": ENTRY_POINT}])
+def test_a_row_names_only_a_key_of_the_operators_envs(key):
+    extras = {"task_id": "arith-0", **({"env_key": key} if key is not None else {})}
+    with pytest.raises(ConfigError, match="one of the operator's envs"):
+        skyrl_gym.make(ENV_CLASS, env_config=MIXED, extras=extras)
+
+
+def test_a_row_cannot_bring_envs_of_its_own():
+    with pytest.raises(ConfigError, match="pick a task only"):
+        skyrl_gym.make(ENV_CLASS, env_config=MIXED, extras={"task_id": "p0-0", "env_key": "even", "envs": {
+            "even": {"env": "trace/Arithmetic-v0", "env_args": {"data_path": "/etc/shadow"}}}})
+    with pytest.raises(ConfigError, match="no env_key in a row of a single-env"):
+        skyrl_gym.make(ENV_CLASS, env_config={"env": "trace/Arithmetic-v0", "env_args": ARGS},
+                       extras={"task_id": "arith-0", "env_key": "math"})
+    with pytest.raises(ConfigError, match=r"envs: .* alone"):
+        skyrl_gym.make(ENV_CLASS, env_config={**MIXED, "env": ENTRY_POINT},
+                       extras={"task_id": "p0-0", "env_key": "even"})
+    with pytest.raises(ConfigError, match="env key of letters"):
+        skyrl_rows(ENTRY_POINT, {"n_tasks": 1}, env_key="a/b")

@@ -121,3 +121,71 @@ def test_use_vllm_modes_the_multi_turn_rollout_cannot_drive_are_refused_with_the
         trainer = SimpleNamespace(use_vllm=True, processing_class=None, vllm_generation=SimpleNamespace(**settings))
         with pytest.raises(ConfigError, match="vllm_mode='colocate'"):
             trainer_policy(trainer)
+
+
+def _mixed(**kwargs):
+    return TraceGymRollout(envs={"even": (ENTRY_POINT, {"n_tasks": 4}),
+                                 "chain": ("trace/ArithmeticChain-v0", {"n_tasks": 4, "max_turns": 2})},
+                           max_new_tokens=6, max_context=512, workers=1, **kwargs)
+
+
+def test_several_operator_envs_each_play_their_own_prompts(tiny_dir):
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rollout = _mixed()
+    rows = list(rollout.dataset({"even": 2, "chain": 1}))
+    assert [(r["env"], r["task_id"]) for r in rows] == [("even", "even/p0-0"), ("even", "even/p0-1"),
+                                                        ("chain", "chain/chain-0")]
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    trainer = SimpleNamespace(model=model, processing_class=AutoTokenizer.from_pretrained(tiny_dir),
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m), state=SimpleNamespace(
+                                  global_step=0), args=SimpleNamespace(temperature=1.0, top_p=1.0, seed=0))
+    out = rollout([r["prompt"] for r in rows] * 2, trainer)
+    assert rollout.last["envs"] == ["even", "even", "chain"] * 2
+    turns = dict(zip(rollout.last["task_ids"], rollout.last["turns"]))
+    assert turns["even/p0-0"] == turns["even/p0-1"] == 2  # the parity env ends at turn 2, always
+    assert 1 <= turns["chain/chain-0"] <= 2  # the chain env's own turn limit, 2 here
+    # Per-env reward functions: each scores its own env's rows and leaves the others to the other function.
+    even, chain = rollout.env_rewards()
+    envs = [r["env"] for r in rows] * 2
+    assert (even.__name__, chain.__name__) == ("env_reward_even", "env_reward_chain")
+    scored = [a if a is not None else b for a, b in zip(even(env_reward=out["env_reward"], env=envs),
+                                                         chain(env_reward=out["env_reward"], env=envs))]
+    assert scored == out["env_reward"]
+    assert chain(env_reward=out["env_reward"], env=envs)[:2] == [None, None]
+
+
+def test_a_row_reaches_only_the_operators_envs():
+    from trace_gym.errors import ConfigError
+
+    rollout = _mixed()
+    with pytest.raises(ConfigError, match="expected a prompt of"):  # a prompt no operator env holds
+        rollout.task_of([{"role": "user", "content": "import os; run trace/Arithmetic-v0"}])
+    with pytest.raises(ConfigError, match="one of the operator's env keys"):  # a key the operator did not give
+        rollout.dataset({"tests.training.parity_env:ParityEnv": 2})
+    with pytest.raises(ConfigError, match="env key of letters"):  # a key is a short word, not a path or a spec
+        TraceGymRollout(envs={"../math": ("trace/ArithmeticChain-v0", {})})
+    with pytest.raises(ConfigError, match="expected one env spec or envs"):
+        TraceGymRollout("trace/ArithmeticChain-v0", envs={"chain": ("trace/ArithmeticChain-v0", {})})
+
+
+def test_grpo_trainer_logs_a_reward_per_env(tiny_dir, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rollout = _mixed()
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=1, per_device_train_batch_size=8,
+                      num_generations=2, max_completion_length=64, learning_rate=1e-3, temperature=1.0,
+                      logging_steps=1, save_strategy="no", report_to="none", seed=0, bf16=False)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), args=args,
+                          processing_class=AutoTokenizer.from_pretrained(tiny_dir),
+                          train_dataset=rollout.dataset(), reward_funcs=rollout.env_rewards(), rollout_func=rollout)
+    trainer.train()
+    logged = next(row for row in trainer.state.log_history if "reward" in row)
+    played = set(rollout.last["envs"])
+    assert played <= {"even", "chain"} and played
+    for key in played:
+        assert f"rewards/env_reward_{key}/mean" in logged
