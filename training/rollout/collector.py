@@ -54,6 +54,7 @@ import gymnasium as gym
 
 from trace_gym.agents.chat import Conversation, Segment
 from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams
+from trace_gym.env_mix import EnvMix, env_of
 from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.seeds import derive
 from trace_gym.snapshot import ReplaySnapshot
@@ -169,6 +170,7 @@ class _Tree:
 
     wrapper: TreeRolloutWrapper
     task: Task
+    env: str = ""  # its env's key in a mix (`_wrapper`), "" for a collector of one env
     messages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # env messages after each node
     convs: dict[int, Conversation] = field(default_factory=dict)  # token record at each open node
     cost: dict[int, float] = field(default_factory=lambda: {0: 0.0})  # env seconds to replay each node's path
@@ -222,12 +224,13 @@ def conversation_at(tokenizer: Any, tree: RolloutTree, node_id: int, messages: S
 class TreeCollector:
     """Collects one step's rollout trees. Call `begin_step()`, then the stage functions, then read `trees`.
 
-    `make_env` builds a fresh env (e.g. `lambda: gym.make("trace/Arithmetic-v0")`); the collector keeps a pool
-    of wrapped envs across steps. `tokenizer=None` plays on chat messages only (scripted experts); otherwise
+    `make_env` builds a fresh env (e.g. `lambda: gym.make("trace/Arithmetic-v0")`), or is an `EnvMix` whose
+    tasks' namespaced ids name their env (`trace_gym.env_mix`); the collector keeps a pool of wrapped envs per
+    env across steps. `tokenizer=None` plays on chat messages only (scripted experts); otherwise
     prompts are the exact token record (see the module docstring).
     """
 
-    def __init__(self, policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task],
+    def __init__(self, policy: Policy, make_env: Callable[[], gym.Env] | EnvMix, tasks: Sequence[Task],
                  sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
                  workers: int = 4, max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
@@ -236,7 +239,7 @@ class TreeCollector:
         self.snapshot_kind, self.max_context = snapshot_kind, max_context
         self.snapshots = snapshots or SnapshotPolicy()
         self.tasks = {t.id: t for t in tasks}
-        self._pool: list[TreeRolloutWrapper] = []
+        self._pools: dict[str, list[TreeRolloutWrapper]] = {}
         self._trees: dict[str, _Tree] = {}
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trace-env")
 
@@ -247,13 +250,14 @@ class TreeCollector:
 
     def begin_step(self) -> None:
         """Forget the previous step's trees (their envs return to the pool)."""
-        self._pool.extend(t.wrapper for t in self._trees.values())
+        for t in self._trees.values():
+            self._pools.setdefault(t.env, []).append(t.wrapper)
         self._trees.clear()
 
     def close(self) -> None:
-        for w in [*self._pool, *(t.wrapper for t in self._trees.values())]:
+        for w in [*(w for pool in self._pools.values() for w in pool), *(t.wrapper for t in self._trees.values())]:
             w.close()
-        self._pool.clear()
+        self._pools.clear()
         self._trees.clear()
         self._executor.shutdown(wait=True)
 
@@ -284,10 +288,10 @@ class TreeCollector:
     # ----------------------------------------------------------------- building blocks (also for Ray workers)
     def open_tree(self, task_id: str) -> RolloutTree:
         """Reset an env of the pool to `task_id` and start this step's tree of it (the root only)."""
-        wrapper = self._wrapper()
+        env, wrapper = self._wrapper(task_id)
         task = self.tasks[task_id]
         _, info = wrapper.reset(options={"task": task})
-        state = _Tree(wrapper, task, {0: list(info["messages"])})
+        state = _Tree(wrapper, task, env, {0: list(info["messages"])})
         if self.tokenizer is not None:
             conv = Conversation.start(self.tokenizer, info["messages"])
             state.convs[0] = conv
@@ -299,12 +303,12 @@ class TreeCollector:
         """Take over ``tree``, started by another collector (e.g. on a worker that died), so that `run` can
         continue from ``nodes``: open nodes restore from ``root`` (the tree root's replay snapshot) replaying
         their actions, and token records are rebuilt from the tree."""
-        wrapper = self._wrapper()
+        env, wrapper = self._wrapper(tree.task_id)
         task = self.tasks[tree.task_id]
         wrapper.reset(options={"task": task})
         wrapper.adopt(tree, {node.id: dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
                              for node in tree if not node.is_terminal})
-        state = _Tree(wrapper, task, bare=False)
+        state = _Tree(wrapper, task, env, bare=False)
         for node_id in sorted(set(nodes)):
             _, info = wrapper.branch(node_id)
             state.messages[node_id] = list(info["messages"])
@@ -360,7 +364,8 @@ class TreeCollector:
     def release(self, task_id: str) -> None:
         """Return the env of this step's tree of ``task_id`` to the pool (the tree object stays readable; the
         collector forgets it)."""
-        self._pool.append(self._trees.pop(task_id).wrapper)
+        state = self._trees.pop(task_id)
+        self._pools.setdefault(state.env, []).append(state.wrapper)
 
     # ----------------------------------------------------------------- internals
     def _turn(self, active: list[_Branch], seed: int, stats: CollectStats) -> None:
@@ -382,10 +387,14 @@ class TreeCollector:
             stats += part
         stats.env_s += time.perf_counter() - t0
 
-    def _wrapper(self) -> TreeRolloutWrapper:
-        if self._pool:
-            return self._pool.pop()
-        return TreeRolloutWrapper(self.make_env(), self.snapshot_kind, snapshot_resources=False)
+    def _wrapper(self, task_id: str) -> tuple[str, TreeRolloutWrapper]:
+        """(the task's env key, a wrapped env of that env from its pool or new)."""
+        env = env_of(task_id) if isinstance(self.make_env, EnvMix) else ""
+        pool = self._pools.get(env)
+        if pool:
+            return env, pool.pop()
+        make = self.make_env.factory(env) if isinstance(self.make_env, EnvMix) else self.make_env
+        return env, TreeRolloutWrapper(make(), self.snapshot_kind, snapshot_resources=False)
 
     def _release_natives(self, keep: set[tuple[str, int]]) -> None:
         """Free the OS resources of every continued tree's snapshots but those at ``keep``; released snapshots
