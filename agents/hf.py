@@ -38,9 +38,12 @@ class HFPolicy:
     """`Policy` over a transformers causal LM on CPU or GPU.
 
     `share_prefix=False` prefills every row separately (the reference the cached path is tested against).
+    `native_tools=True` has the collector offer the env's tools through the chat template and read the model's
+    turn as a server's answer is read (Hermes calls, a plain reply as the final answer: agents/native_tools.py).
     """
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 64, share_prefix: bool = True):
+    def __init__(self, model, tokenizer, max_batch_size: int = 64, share_prefix: bool = True,
+                 native_tools: bool = False):
         if tokenizer.pad_token_id is None:
             raise ConfigError("expected a tokenizer with a pad token, got none; fix: set tokenizer.pad_token "
                               "to a token that is not end-of-turn")
@@ -48,6 +51,7 @@ class HFPolicy:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.share_prefix = share_prefix
+        self.native_tools = native_tools
         self.stop_ids = end_of_turn_ids(tokenizer) | _config_eos(model)
         self.stats = GenerationStats()
 

@@ -29,6 +29,13 @@ Choices:
    text (vLLM's Hermes parser does), and a model whose stop list lacks that token leaves it there.
 4. A tool result without a call to answer (after an assistant turn that made none: the env answered a malformed
    turn) goes as a user message, which every server accepts.
+
+A local model (the transformers or vLLM backend) writes its calls as text through its chat template, and the
+collector keeps the exact ids it sampled. With native calls (`HFPolicy(native_tools=True)`) the prompt is the
+template's own rendering of ``tools=`` under the env's native system message, and `ToolFormat.text_action` maps
+the model's turn onto the env's action by the same rules as a server's answer: Hermes calls become the env's calls,
+a plain reply is the final answer. A template that ignores ``tools=`` (`renders_tools` is False) gets the env's
+own system message, the parser's instructions included, so the model still learns how to call.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from trace_gym.agents.chat import END_OF_TURN_TOKENS
 from trace_gym.errors import ConfigError, ServerError
 from trace_gym.tools import Tool, ToolCall
 
-__all__ = ["ToolFormat"]
+__all__ = ["ToolFormat", "renders_tools"]
 
 _MEMORY = 65_536  # assistant turns remembered per format (server message and ids, for the next requests)
 
@@ -63,6 +70,8 @@ class ToolFormat:
     parser: ActionParser
     system: tuple[str, str] | None = None
     """The env's system message and its native form: `wire_messages` sends the second in place of the first."""
+    rendered: bool = True
+    """Whether a local model's chat template writes the tools into its prompt (`renders_tools`; `prompt`)."""
 
     def __post_init__(self) -> None:
         self.tools = tuple(dataclasses.replace(t, fn=_never) for t in self.tools)  # keep no reference to the env
@@ -148,6 +157,53 @@ class ToolFormat:
             body = body.replace(marker, "\\u003c" + marker[1:])  # the same "<" inside a JSON string
         return f"<tool_call>{body}</tool_call>"
 
+    @classmethod
+    def for_policy(cls, policy: Any, env: Any, tokenizer: Any) -> ToolFormat | None:
+        """The format of ``env`` for a local ``policy`` that calls tools natively (``policy.native_tools``), with
+        `rendered` read from ``tokenizer``'s template; None for a policy that writes calls as text."""
+        if not getattr(policy, "native_tools", False):
+            return None
+        fmt = cls.of_env(env)
+        if fmt is not None:
+            fmt.rendered = renders_tools(tokenizer, fmt.schemas())
+        return fmt
+
+    def prompt(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The messages and ``tools`` a local chat template renders for the env's first ``messages``: the native
+        system message and the schemas where the template writes tools (`rendered`), else the env's messages as
+        they are (the parser's instructions teach the calls)."""
+        if not self.rendered:
+            return [dict(m) for m in messages], None
+        return self.native_messages(messages), self.schemas()
+
+    def text_action(self, text: str) -> str:
+        """The env's action for a local model's turn ``text`` in native mode: a turn the env's parser reads goes as
+        written; Hermes calls (``<tool_call>{...}</tool_call>``, what chat templates teach) are rewritten in the
+        env's format; a reply with no call markup at all is the final answer (`answer`); anything else (a malformed
+        call) goes as written, for the env to answer with an error observation."""
+        for marker in END_OF_TURN_TOKENS:
+            text = text.split(marker, 1)[0]
+        if self.parser.parse(text, self._by_name).error is None:
+            return text
+        hermes = HermesParser().parse(text, self._by_name)
+        if hermes.error is None and hermes.calls:
+            prefix = text[:text.find("<tool_call>")]
+            calls = "\n".join(self._write(c.name, json.dumps(c.arguments, ensure_ascii=False)) for c in hermes.calls)
+            return prefix + ("" if not prefix or prefix.endswith("\n") else "\n") + calls
+        markup = ("<tool_call>", "</tool_call>", "<answer>", "</answer>",
+                  *(f"<{name}>" for name in self._by_name), *(f"</{name}>" for name in self._by_name))
+        if any(m in text for m in markup):
+            return text
+        return self.answer(text)
+
+    def native_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` with the env's system message in its native form (the other messages as they are)."""
+        out = [dict(m) for m in messages]
+        for m in out:
+            if m.get("role") == "system" and self.system is not None and m.get("content") == self.system[0]:
+                m["content"] = self.system[1]
+        return out
+
     # ----------------------------------------------------------------- history -> request
     def wire_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The env's chat ``messages`` in the OpenAI form: the native system message, assistant turns with their
@@ -201,3 +257,12 @@ def _wire_call(call: Any, k: int, where: str) -> tuple[str, str, str]:
         raw = json.dumps(raw, ensure_ascii=False)
     cid = call.get("id")
     return (cid if isinstance(cid, str) and cid else f"call_{k}"), name, raw
+
+
+def renders_tools(tokenizer: Any, tools: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``tokenizer``'s chat template writes ``tools`` into the prompt (a template that ignores them renders
+    the same text with and without)."""
+    from trace_gym.agents.chat import render_prompt
+
+    probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    return render_prompt(tokenizer, probe, list(tools)) != render_prompt(tokenizer, probe)

@@ -69,8 +69,9 @@ class PolicyOptions:
     server: Literal["auto", "vllm", "openai"] = "auto"
     """openai: "vllm" asks for vLLM's extra fields (token ids, top_k); "openai" sends the standard ones only;
     "auto" asks the server (vLLM's ``GET /models`` says ``owned_by: vllm``)."""
-    tool_calls: Literal["native", "text"] = "native"
-    """openai: "native" sends the env's tools and reads the answer's tool_calls, a reply without them being the
+    tool_calls: Literal["native", "text"] | None = None
+    """openai, hf: None is the backend's default, "native" for a server and "text" for a model folder. openai:
+    "native" sends the env's tools and reads the answer's tool_calls, a reply without them being the
     final answer (a server with a tool-call parser, any hosted API); "text" lets the model write calls as text for
     the env to parse."""
     concurrency: int = 16
@@ -198,7 +199,8 @@ def _hf(path: str, options: PolicyOptions, hub: bool) -> Policy:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         return HFPolicy.from_pretrained(path, device=device, dtype=options.dtype,
-                                        max_batch_size=options.max_batch_size)
+                                        max_batch_size=options.max_batch_size,
+                                        native_tools=options.tool_calls == "native")
     except OSError as exc:  # transformers' "not a local folder and not a valid model identifier", offline hub
         raise ConfigError(f"expected a model folder or hub id in hf:{path}, got {_first_line(exc)}; fix: pass a "
                           "local folder written by save_pretrained") from None
@@ -238,15 +240,15 @@ def _openai(model: str | None, base_url: str | None, options: PolicyOptions,
 
         tokenizer = AutoTokenizer.from_pretrained(check_model_folder(options.tokenizer)
                                                   if Path(options.tokenizer).exists() else options.tokenizer)
-    if options.tool_calls not in ("native", "text"):
+    if options.tool_calls not in ("native", "text", None):
         raise ConfigError(f"expected tool_calls 'native' or 'text', got {options.tool_calls!r}")
     tool_format = None
-    if options.tool_calls == "native" and tokenizer is None and make_env is not None:
+    if options.tool_calls != "text" and tokenizer is None and make_env is not None:
         with EnvFactory.of(make_env).reading() as env:  # the format keeps no reference to the env
             tool_format = ToolFormat.of_env(env)
     policy = OpenAIPolicy(base_url, model or "", tokenizer=tokenizer, api_key=api_key, server=options.server,
                           timeout=options.timeout, max_retries=options.max_retries, concurrency=options.concurrency,
-                          tool_calls=options.tool_calls, tool_format=tool_format,
+                          tool_calls=options.tool_calls or "native", tool_format=tool_format,
                           extra_body=dict(options.extra_body) if options.extra_body is not None else None)
     if not model:
         served = policy.models()

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 
 from trace_gym.agents.chat import Conversation, Segment
+from trace_gym.agents.native_tools import ToolFormat
 from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams
 from trace_gym.env_mix import EnvMix, env_of
 from trace_gym.errors import ConfigError, TraceGymError
@@ -173,6 +174,7 @@ class _Tree:
     env: str = ""  # its env's key in a mix (`_wrapper`), "" for a collector of one env
     messages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # env messages after each node
     convs: dict[int, Conversation] = field(default_factory=dict)  # token record at each open node
+    tools: ToolFormat | None = None  # a policy's native tool calls (agents/native_tools.py), None for text
     cost: dict[int, float] = field(default_factory=lambda: {0: 0.0})  # env seconds to replay each node's path
     bare: bool = True  # its first run (bare rollouts) is still to come or under way: its nodes may be chosen
 
@@ -293,7 +295,9 @@ class TreeCollector:
         _, info = wrapper.reset(options={"task": task})
         state = _Tree(wrapper, task, env, {0: list(info["messages"])})
         if self.tokenizer is not None:
-            conv = Conversation.start(self.tokenizer, info["messages"])
+            state.tools = ToolFormat.for_policy(self.policy, wrapper, self.tokenizer)
+            conv = Conversation.start(self.tokenizer, *(state.tools.prompt(info["messages"]) if state.tools
+                                                        else (info["messages"], None)))
             state.convs[0] = conv
             wrapper.tree.root.prompt_ids = list(conv.ids)  # type: ignore[union-attr]
         self._trees[task_id] = state
@@ -433,7 +437,7 @@ class TreeCollector:
         if restored:
             w.branch(b.node)
         t0 = time.perf_counter()
-        obs, _, terminated, truncated, info = w.step(g.text)
+        obs, _, terminated, truncated, info = w.step(state.tools.text_action(g.text) if state.tools else g.text)
         spent = time.perf_counter() - t0
         node = w.tree[info["node_id"]]  # type: ignore[index]
         # Choice 3: a step after a restore that rebuilt the state already spent the whole path's replay (and one
