@@ -9,9 +9,10 @@ WebSocket it upgrades to). The bounds (`ConnectionLimits`):
 - a waiting connection is closed ``admit_timeout_s`` after it opened (408): sending nothing, a slow trickle of
   headers or a request that fails the checks holds a socket for that long at most;
 - one peer (an IPv4 address; an IPv6 address's /64, which one host is usually given whole) keeps at most
-  ``max_waiting_per_peer`` waiting connections: its next one closes its oldest waiting one (503). The newest
-  stays because it may be a client behind the same address (another process on this machine, a NAT) whose
-  request is on its way, while the oldest has had its time;
+  ``max_waiting_per_peer`` waiting connections: its next one closes its oldest waiting one (503), passing over
+  one whose whole request head already waits unread in its socket. The newest stays because it may be a client
+  behind the same address (another process on this machine, a NAT) whose request is on its way, while the
+  oldest has had its time;
 - one peer holds at most ``max_per_peer`` connections of either kind: past it, its oldest waiting connection is
   closed, or the new one is refused (503) when all of its connections are admitted;
 - all peers together hold at most ``max_connections`` connections, of which at most ``max_connections -
@@ -31,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +47,7 @@ from trace_gym.errors import ConfigError
 __all__ = ["ConnectionLimits", "ConnectionTable", "guarded_protocols", "peer_of"]
 
 Headers = Sequence[tuple[bytes, bytes]]
+_PEEK = 16 << 10  # bytes of a waiting connection's unread data looked at for a whole request head
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ def peer_of(client: tuple[str, int] | None) -> str:
 class _Entry:
     peer: str
     close: Callable[[str], None]  # closes the connection, the argument its reason (an evicted one's)
+    sent: Callable[[], bool] = lambda: False  # whether a whole request head waits unread in its socket
     admitted: bool = False
     live: bool = True
 
@@ -114,23 +119,24 @@ class ConnectionTable:
         self.waiting: dict[_Entry, None] = {}  # oldest first
         self.peers: dict[str, _Peer] = {}
 
-    def open(self, peer: str, close: Callable[[str], None]) -> _Entry | str:
+    def open(self, peer: str, close: Callable[[str], None], sent: Callable[[], bool] = lambda: False
+             ) -> _Entry | str:
         """A new waiting connection of ``peer``, after closing what the bounds ask; a string: refused, why (every
-        connection it could displace is admitted)."""
+        connection it could displace is admitted). ``sent()``: whether its request head waits unread."""
         limits, state = self.limits, self.peers.get(peer) or _Peer()
         if len(state.waiting) >= limits.max_waiting_per_peer:
-            self._evict(next(iter(state.waiting)), f"at most {limits.max_waiting_per_peer} connections from one "
-                                                   "address may wait to send a valid request")
+            self._evict(_oldest(state.waiting), f"at most {limits.max_waiting_per_peer} connections from one "
+                                                "address may wait to send a valid request")
         if state.total >= limits.max_per_peer:
             if not state.waiting:
                 return f"at most {limits.max_per_peer} connections from one address, all in use"
-            self._evict(next(iter(state.waiting)), f"at most {limits.max_per_peer} connections from one address")
+            self._evict(_oldest(state.waiting), f"at most {limits.max_per_peer} connections from one address")
         if len(self.waiting) >= limits.max_connections - limits.reserved or self.total >= limits.max_connections:
             if not self.waiting:
                 return f"at most {limits.max_connections} connections, all in use by clients that sent a valid request"
-            self._evict(next(iter(self.waiting)), f"at most {limits.max_connections - limits.reserved} "
-                                                  "connections may wait to send a valid request")
-        entry = _Entry(peer, close)
+            self._evict(_oldest(self.waiting), f"at most {limits.max_connections - limits.reserved} "
+                                               "connections may wait to send a valid request")
+        entry = _Entry(peer, close, sent)
         self.peers[peer] = state
         state.total += 1
         state.waiting[entry] = None
@@ -166,6 +172,12 @@ class ConnectionTable:
         close(why)
 
 
+def _oldest(waiting: dict[_Entry, None]) -> _Entry:
+    """The waiting connection to close: the oldest whose request head is not already in its socket unread (a
+    client behind the flooding address whose request came in the same burst of accepts), else the oldest."""
+    return next((entry for entry in waiting if not entry.sent()), next(iter(waiting)))
+
+
 def _raw_response(status: int, reason: str, message: str) -> bytes:
     body = json.dumps({"detail": message}).encode()
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
@@ -187,7 +199,7 @@ def guarded_protocols(limits: ConnectionLimits, admits: Callable[[Headers], bool
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self.transport = transport
-            entry = table.open(peer_of(_remote(transport)), self._evicted)
+            entry = table.open(peer_of(_remote(transport)), self._evicted, self._request_unread)
             if isinstance(entry, str):
                 transport.write(_raw_response(503, "Service Unavailable", f"expected a free connection, got none "
                                               f"({entry}); fix: reuse a connection, or retry later"))
@@ -227,12 +239,23 @@ def guarded_protocols(limits: ConnectionLimits, admits: Callable[[Headers], bool
                 self._disarm()  # a WebSocket's idle time is the session's (pings and the session timeout)
             super().handle_websocket_upgrade(event)
 
+        def _request_unread(self) -> bool:
+            """Whether a whole request head waits in the socket, not read yet (peeked: nothing is consumed)."""
+            raw = self.transport.get_extra_info("socket")
+            if raw is None or self.transport.is_closing():
+                return False
+            try:
+                with socket.socket(fileno=os.dup(raw.fileno())) as sock:
+                    return b"\r\n\r\n" in sock.recv(_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except OSError:
+                return False
+
         def _check_admission(self) -> None:
             scope = self.scope
             if scope is None or scope is self._checked or self._entry is None or self._entry.admitted:
                 return
             self._checked = scope
-            if admits(scope["headers"]):
+            if admits(list(scope["headers"])):  # ASGI types the headers as an iterable
                 table.admit(self._entry)
                 self._cancel_admit()
 
