@@ -222,7 +222,11 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
         ("effective ratio (mean)", summary["effective_ratio_mean"]),
         ("budget: trajectories / step", summary["trajectories_per_step"]),
         ("budget: trajectories, total", summary["trajectories"]),
-        ("generated tokens", summary["generated_tokens"]), ("wall time (s)", summary["wall_s"]),
+        ("generated tokens", summary["generated_tokens"]),
+        # The warm start (SFT) runs before RL in the same command: its time is shown, and counted in the total.
+        ("wall time: warm start, SFT (s)", summary.get("warm_start_s")), ("wall time: RL (s)", summary["wall_s"]),
+        ("wall time: total (s)", None if summary.get("warm_start_s") is None else
+         summary["wall_s"] + summary["warm_start_s"]),
     ]
     for name, value in rows:
         table.add_row(name, fmt(value))

@@ -96,6 +96,8 @@ class Trainer:
         rank, _ = join_process_group(cfg.model.strategy)
         self.lead = rank == 0  # rank 0 runs the step; other ranks only join the update (training/update/learner.py)
         state, model_path = None, None
+        self.warm_start_s: float | None = None
+        """Seconds this run spent on its warm start (building the model, SFT); None when it resumed."""
         if self.lead:
             ckpt = latest_checkpoint(resume) if resume is not None else None
             if resume is not None and ckpt is None:
@@ -105,7 +107,9 @@ class Trainer:
                 state = load_checkpoint(ckpt)
                 model_path = str(ckpt / "model")
             else:
+                started = time.perf_counter()
                 model_path = warm_start(cfg, self.make_env, console)
+                self.warm_start_s = time.perf_counter() - started
         model_path, optimizer_state = broadcast_object((model_path, state and state["optimizer"]))
         self.model_path = model_path
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -294,7 +298,7 @@ class Trainer:
             "effective_ratio_first": ratios[0] if ratios else None,
             "effective_ratio_last": ratios[-1] if ratios else None,
             "trajectories_per_step": self.budget.total, "trajectories": self.history.trajectories,
-            "generated_tokens": self.history.tokens, "wall_s": wall_s,
+            "generated_tokens": self.history.tokens, "wall_s": wall_s, "warm_start_s": self.warm_start_s,
             **({"envs": mix.summary(self.eval_tasks, first, last)} if self.mix is not None else {}),
         }
 

@@ -52,3 +52,7 @@ def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
     assert "held-out success before" in out and "expert-probability gain" in out and "held-out tool use after" in out
     lo, hi = summary["success_after_ci95"]
     assert f"{summary['success_after']:.3f} [{lo:.3f}, {hi:.3f}]" in out
+    # The SFT warm start ran in this command: the table shows its time beside RL's, and the total holds both.
+    assert summary["warm_start_s"] > 0 and "wall time: warm start, SFT (s)" in out
+    total = next(line for line in out.splitlines() if "wall time: total" in line)
+    assert float(total.split()[-2]) == pytest.approx(summary["wall_s"] + summary["warm_start_s"], abs=1e-3)
