@@ -459,6 +459,9 @@ def summary_table(summary: dict[str, Any]) -> Any:
     rows = [("env", f"{summary['env']} {env_args}".strip()), ("policy", summary["policy"]),
             ("episodes", f"{summary['episodes']} ({_count(summary['tasks'], 'task')} x {per_task})"),
             ("success", success_text(summary)),
+            *([("sampled", f"temperature {summary['temperature']:g}, seed {summary['seed']}: the success is one "
+                           "draw; another seed (or a training run's own evaluation) draws again, within the "
+                           "interval")] if summary.get("temperature") else []),
             ("mixed tasks", f"{summary['mixed_tasks']} of {summary['tasks']} (both a success and a failure)"),
             ("mean turns", f"{summary['mean_turns']:.2f}"),
             ("stop reasons", ", ".join(f"{k} {v}" for k, v in summary["stop_reasons"].items()) or "-")]
