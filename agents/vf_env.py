@@ -25,6 +25,11 @@ its default.
 vf-validate's checks: gold plays the env's scripted expert (no noise) on the task and is valid when it earns the
 full reward (unchecked for an env without an expert); noop scores the task untouched, which is 0 (no answer).
 
+Several envs in one taskset: ``--env.taskset.envs '{"math": {"env": "trace/Arithmetic-v0", "env_args": {...}},
+"qa": {...}}'`` loads every env's tasks under the operator's keys (task ids ``math/arith-0``); each task's data
+names its env by that key (``env_key``), the harness plays it on that env, and records the reward also as
+``trace_gym_reward/<key>``, so a run reports each env apart. The mix's proportions are the envs' task counts.
+
 The operator chooses the env: the harness builds only the envs that a `TraceGymTaskset` of this process loaded
 from its config, so task data (which another taskset, a saved trace or a wire message could carry) picks a
 task, never the code that runs or the files it reads (a ``module:Class`` spec, a ``data_path``).
@@ -37,11 +42,12 @@ import json
 from typing import Any, Literal
 
 import verifiers.v1 as vf
-from pydantic import Field
+from pydantic import BaseModel, Field
 from verifiers.v1.configs.harness import HarnessConfig
 from verifiers.v1.harness import Harness
 from verifiers.v1.runtimes import ProgramResult
 
+from trace_gym.env_mix import KEY, SEP
 from trace_gym.errors import ConfigError, ServerError
 from trace_gym.integrations.session import EnvSession
 
@@ -51,6 +57,8 @@ REWARD = "trace_gym_reward"
 TURNS = "trace_gym_turns"
 _LOADED: set[str] = set()
 """The (env, env_args) of every taskset loaded in this process: the envs the operator chose."""
+_KEYED: dict[str, str] = {}
+"""The operator's env keys of the tasksets loaded in this process (``envs``), each with its (env, env_args)."""
 
 
 def _choice(env: str, env_args: dict[str, Any]) -> str:
@@ -59,6 +67,12 @@ def _choice(env: str, env_args: dict[str, Any]) -> str:
 
 def _session(data: Any) -> EnvSession:
     """A session of the env that ``data`` names, if the operator's taskset chose it (module docstring)."""
+    key = getattr(data, "env_key", None)
+    if key is not None and _KEYED.get(key) != _choice(data.env, dict(data.env_args)):
+        raise ConfigError(f"expected task data naming one of the operator's env keys {sorted(_KEYED)} with that "
+                          f"env's own settings, got env_key {str(key)[:80]!r} with env {data.env!r}; fix: choose the "
+                          "envs with the taskset's own settings (--env.taskset.envs): task data may pick a task, not "
+                          "the env")
     if _choice(data.env, dict(data.env_args)) not in _LOADED:
         raise ConfigError(f"expected task data of a trace_gym_verifiers taskset loaded in this process, got data "
                           f"naming env {data.env!r} with {dict(data.env_args)!r}, which no such taskset loaded; fix: "
@@ -74,6 +88,8 @@ class TraceGymData(vf.TaskData):
     """The env's keyword arguments."""
     task_id: str
     """The env task this row plays."""
+    env_key: str | None = None
+    """The operator's key of the env (a taskset's ``envs``), None for a one-env taskset."""
 
 
 class TraceGymTask(vf.Task[TraceGymData]):
@@ -112,29 +128,54 @@ def _expert_solves(data: Any) -> bool | None:
         session.close()
 
 
+class TraceGymEnvChoice(BaseModel):
+    """One env of a taskset's ``envs``."""
+
+    env: str
+    """The trace-gym env spec."""
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    """Its keyword arguments."""
+
+
 class TraceGymTasksetConfig(vf.TasksetConfig):
     env: str = "trace/Arithmetic-v0"
     """The trace-gym env spec, ``--env.taskset.env``."""
     env_args: dict[str, Any] = Field(default_factory=dict)
     """Its keyword arguments, ``--env.taskset.env-args '{"n_tasks": 20}'``."""
+    envs: dict[str, TraceGymEnvChoice] = Field(default_factory=dict)
+    """Several envs under the operator's keys, in place of ``env`` and ``env_args``: ``--env.taskset.envs
+    '{"math": {"env": "trace/Arithmetic-v0", "env_args": {"n_tasks": 20}}, ...}'`` (module docstring)."""
 
 
 class TraceGymTaskset(vf.Taskset[TraceGymTask, TraceGymTasksetConfig]):
     def load(self) -> list[TraceGymTask]:
-        _LOADED.add(_choice(self.config.env, dict(self.config.env_args)))
-        session = EnvSession(self.config.env, self.config.env_args)
-        try:
-            out = []
-            for i, task in enumerate(session.base.tasks):
-                messages = session.reset(task_id=task.id)["messages"]
-                system = next((m["content"] for m in messages if m["role"] == "system"), None)
-                user = next(m["content"] for m in messages if m["role"] == "user")
-                data = TraceGymData(idx=i, id=task.id, prompt=user, system_prompt=system, env=self.config.env,
-                                    env_args=dict(self.config.env_args), task_id=task.id)
-                out.append(TraceGymTask(data, self.config.task))
-            return out
-        finally:
-            session.close()
+        envs = {k: (c.env, dict(c.env_args)) for k, c in self.config.envs.items()}
+        defaults = TraceGymTasksetConfig.model_fields
+        if envs and (self.config.env != defaults["env"].default or self.config.env_args):
+            raise ConfigError("expected the taskset's envs or its env (and env-args), not both; fix: put every env "
+                              "under --env.taskset.envs")
+        for key in envs:
+            if not KEY.match(key):
+                raise ConfigError(f"expected env keys of letters, digits, '_', '.' or '-', got {key!r}; fix: a short "
+                                  "word such as 'math'")
+        out: list[TraceGymTask] = []
+        for key, (env, env_args) in (envs or {None: (self.config.env, dict(self.config.env_args))}).items():
+            _LOADED.add(_choice(env, env_args))
+            if key is not None:
+                _KEYED[key] = _choice(env, env_args)
+            session = EnvSession(env, env_args)
+            try:
+                for task in session.base.tasks:
+                    messages = session.reset(task_id=task.id)["messages"]
+                    system = next((m["content"] for m in messages if m["role"] == "system"), None)
+                    user = next(m["content"] for m in messages if m["role"] == "user")
+                    data = TraceGymData(idx=len(out), id=task.id if key is None else f"{key}{SEP}{task.id}",
+                                        prompt=user, system_prompt=system, env=env, env_args=env_args,
+                                        task_id=task.id, env_key=key)
+                    out.append(TraceGymTask(data, self.config.task))
+            finally:
+                session.close()
+        return out
 
 
 class TraceGymHarnessConfig(HarnessConfig):
@@ -154,6 +195,8 @@ class TraceGymHarness(Harness[TraceGymHarnessConfig]):
                      mcp_urls: dict[str, str], data: vf.TaskData, **kwargs: Any) -> ProgramResult:
         reward, turns = await asyncio.to_thread(self.play, ctx, endpoint, secret, data)
         trace.record_metric(REWARD, reward)
+        if getattr(data, "env_key", None) is not None:  # each env's reward apart, for a taskset of several
+            trace.record_metric(f"{REWARD}/{data.env_key}", reward)
         trace.record_metric(TURNS, float(turns))
         return ProgramResult(exit_code=0, stdout="", stderr="")
 

@@ -95,3 +95,49 @@ def _reply(text: str):
     from tests.agents.openai_server import message_reply
 
     return message_reply({"role": "assistant", "content": text})
+
+
+MIXED = {"a": {"env": ENTRY_POINT, "env_args": {"n_tasks": 2}},
+         "b": {"env": ENTRY_POINT, "env_args": {"n_tasks": 1, "task_seed": 1}}}
+
+
+def test_a_taskset_of_several_operator_envs_keys_each_task_by_its_env():
+    from trace_gym.agents.vf_env import TraceGymTaskset, TraceGymTasksetConfig
+
+    tasks = list(TraceGymTaskset(TraceGymTasksetConfig(envs=MIXED)))
+    assert [(t.data.id, t.data.env_key, t.data.task_id) for t in tasks] == [
+        ("a/p0-0", "a", "p0-0"), ("a/p0-1", "a", "p0-1"), ("b/p1-0", "b", "p1-0")]
+    assert [t.data.env_args for t in tasks] == [{"n_tasks": 2}] * 2 + [{"n_tasks": 1, "task_seed": 1}]
+
+
+def test_task_data_names_only_an_operator_key_with_that_envs_own_settings():
+    """A row may name an operator's key, but not pair it with another env or other args, nor name a key no
+    operator gave; refused before anything is built or contacted."""
+    from trace_gym.agents.vf_env import TraceGymData, TraceGymHarness, TraceGymHarnessConfig, TraceGymTaskset
+    from trace_gym.agents.vf_env import TraceGymTasksetConfig as Config
+    from trace_gym.errors import ConfigError
+
+    list(TraceGymTaskset(Config(envs=MIXED)))
+    harness = TraceGymHarness(TraceGymHarnessConfig())
+    for key, env, args in [("a", "trace/Arithmetic-v0", {}), ("a", ENTRY_POINT, {"data_path": "/etc/shadow"}),
+                           ("zz", ENTRY_POINT, {"n_tasks": 2})]:
+        data = TraceGymData(idx=0, id="x", prompt="hi", env=env, env_args=args, task_id="p0-0", env_key=key)
+        with pytest.raises(ConfigError, match="operator's env keys"):
+            harness.play(None, "http://127.0.0.1:9/v1", "s", data)
+    with pytest.raises(ConfigError, match="envs or its env"):
+        list(TraceGymTaskset(Config(env=ENTRY_POINT, envs=MIXED)))
+    with pytest.raises(ConfigError, match="env keys of letters"):
+        list(TraceGymTaskset(Config(envs={"../a": MIXED["a"]})))
+
+
+@pytest.mark.slow
+def test_vf_eval_plays_each_operator_env_and_reports_each_apart(tmp_path):
+    even = ScriptedServer(lambda path, body: _reply("four" if len(body["messages"]) > 2 else "hi"))
+    with even as server:
+        traces = vf_eval(server, tmp_path, "--env.taskset.envs", json.dumps(MIXED), "-n", "3",
+                         "--env.agent.harness.id", "trace_gym_verifiers", "--env.agent.harness.tool-calls", "text")
+    by_id = {t["task"]["data"]["id"]: t for t in traces}
+    assert sorted(by_id) == ["a/p0-0", "a/p0-1", "b/p1-0"]
+    for tid, trace in by_id.items():
+        key = tid.split("/")[0]
+        assert trace["metrics"][f"trace_gym_reward/{key}"] == trace["rewards"]["env_reward"]["score"] == 1.0
