@@ -153,10 +153,12 @@ class SFTConfig(Section):
     """Expert episodes to imitate."""
     steps: int = Field(400, ge=1)
     """Optimiser steps."""
-    batch_size: int = Field(32, ge=1)
-    """Episodes per step."""
-    lr: float = Field(2e-3, gt=0)
-    """AdamW learning rate."""
+    batch_size: int | None = Field(None, ge=1)
+    """Episodes per step (null: by model size, `agents.sft.SFTSettings.resolved`: 32 for the tiny model, 8 above
+    20M parameters)."""
+    lr: float | None = Field(None, gt=0)
+    """AdamW learning rate (null: by model size: 2e-3 for the tiny model; 5e-5 above 20M parameters, 5e-4 with
+    LoRA, `model.lora_r`, which SFT uses as RL does)."""
     noise: float = Field(0.0, ge=0, le=1)
     """Expert noise (0 = always correct)."""
     expert: dict[str, Any] = Field(default_factory=dict)

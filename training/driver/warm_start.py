@@ -92,6 +92,7 @@ def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any =
     if (out / "config.json").is_file():
         return str(out)
     _say(console, f"warm start: SFT on {cfg.sft.episodes} scripted-expert episodes -> {out}")
+                                     lora_r=cfg.model.lora_r, lora_alpha=cfg.model.lora_alpha,
     data = (expert_episodes(cfg, make_env) if isinstance(make_env, EnvMix) else
             collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed,
                                     expert=cfg.sft.expert))
