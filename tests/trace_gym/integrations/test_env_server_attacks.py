@@ -368,6 +368,22 @@ def test_a_connection_without_a_valid_request_is_closed_at_the_admission_deadlin
         _wait_for_no_connections(server)
 
 
+def test_an_admitted_websocket_outlives_the_admission_deadline_and_gives_its_room_back():
+    from websockets.sync.client import connect
+
+    limits = ServeLimits(admit_timeout_s=0.5)
+    with EnvServer(ENTRY_POINT, {"n_tasks": 2}, tokens=[TOKEN_A], limits=limits) as server:
+        url = server.url.replace("http://", f"ws://client:{TOKEN_A}@") + "/ws"
+        with connect(url, open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "observation"
+            assert _closed_with(_connect(server), 30).startswith(b"HTTP/1.1 408")  # the deadline has passed
+            ws.send(json.dumps({"type": "state"}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "state"
+            assert server.connections.total == 1 and not server.connections.waiting
+        _wait_for_no_connections(server)
+
+
 def test_one_peer_holds_only_a_few_connections_that_wait_and_its_newest_stays():
     """An address past its waiting connections loses its oldest one, never another address's; its own newest
     stays, so a client behind the same address (this machine, a NAT) whose request is on its way gets in."""
