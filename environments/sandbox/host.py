@@ -40,12 +40,17 @@ Threat model (default ``isolation="jail"``; a cell is arbitrary code, ctypes and
    Seccomp also refuses new namespaces, mounts, ptrace, process_vm_*, BPF, perf, io_uring, keyrings, module
    loading, clock/host changes, and what other lineages would feel: file locks (a bound file is one inode for
    all), inotify (instances are counted per user), memfds, SysV segments and queues, POSIX queues, native AIO
-   (one pool of events for the host). Each lineage's devpts holds 8 ptys of the host's pool.
+   (one pool of events for the host); and shared mappings (``MAP_SHARED``, ``mremap`` duplicates, ``shmat``),
+   whose pages a fork shares instead of copying, so no later or uncommitted cell rewrites a snapshot's memory.
+   Each lineage's devpts holds 8 ptys of the host's pool.
 2. Bounded per cell by the kernel: CPU seconds, address space, file size, open files, processes; wall-clock
    time (the worker kills the cell's process group; a reply later than ``timeout_s`` + 2 s is not committed and
    the worker is rebuilt at the next cell); output size (truncated with a note).
 3. Ended with the cell: when a cell returns, the supervisor kills every process of the lineage that is not a
-   live snapshot, a worker, or a descendant of another sandbox's worker (a cell in flight); a released
+   live snapshot, a worker, or a descendant of another sandbox's worker (a cell in flight), and again before
+   the next cell (sparing the process the worker forked for it): what a worker whose state a cell took over
+   starts after the reply lives through the model's turn at most, and a worker running a thread then is
+   ended. What the runtime calls after a reply is bound before any cell runs (a tripwire); a released
    snapshot's frozen fork exits when its channel closes, and that next sweep makes sure (the host skips the
    supervisor's sweep when the lineage's cgroup lists nothing it would kill). When the lineage's last
    sandbox or snapshot goes, its pid 1 is killed (``close()`` returns once the signal is sent; ``reaper.py``
@@ -90,7 +95,7 @@ from trace_gym.environments.sandbox import cgroups, dirtree, jail, lifetime, uid
 from trace_gym.environments.sandbox.jail import ISOLATIONS, SandboxUnavailableError
 from trace_gym.environments.sandbox.reaper import reaper
 from trace_gym.errors import ConfigError
-from trace_gym.processes import parent_pid, register_service
+from trace_gym.processes import register_service
 
 __all__ = ["ISOLATIONS", "CellResult", "PythonSandbox", "SandboxLimits", "SandboxSnapshot",
            "SandboxUnavailableError", "sandbox_processes", "start_template"]
@@ -250,7 +255,7 @@ class _Template:
         try:
             if uid is not None:
                 os.fchown(fd, uid, uid)
-            elif self.uid is not None:
+            elif self.uid is not None and self.gid is not None:
                 os.fchown(fd, self.uid, self.gid)
         finally:
             os.close(fd)
@@ -345,6 +350,23 @@ def _pidfd_pid(fd: int) -> int | None:
     return None
 
 
+_PF_EXITING = 0x4  # the kernel's flag of a task in exit(): it runs no more code and forks nothing
+
+
+def _task(pid: int) -> tuple[int, bool, int] | None:
+    """(parent, whether it is exiting, threads) of ``pid`` in this process's view, from /proc; None once gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        fields = stat[stat.rfind(b")") + 2:].split()
+        return int(fields[1]), bool(int(fields[6]) & _PF_EXITING), int(fields[17])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Lineage:
     """Host side of one lineage: its supervisor (pidfd + control channel), its directory, and who holds it.
 
@@ -360,6 +382,7 @@ class _Lineage:
         except OSError as e:
             raise SandboxUnavailableError(f"expected a free uid for a new sandbox lineage, got: {e}") from e
         if template.isolation == "none":
+            assert template.root is not None  # a template without namespaces made its root
             self.dir = os.path.join(template.root, self.name)
             try:
                 template.lineage_dir(self.name, self.ids.uid if self.ids else None)
@@ -401,7 +424,7 @@ class _Lineage:
             _close_fd(fd)
         writer: list[int] = []
         hello = wire.recv(chan, deadline, writer=writer) if self.pidfd else None
-        if hello is None or not hello.get("ready") or not writer or writer[0] <= 0:
+        if hello is None or self.pidfd is None or not hello.get("ready") or not writer or writer[0] <= 0:
             chan.close()
             self.end()
             detail = (hello or reply or {}).get("error") or "the template did not answer"
@@ -469,17 +492,19 @@ class _Lineage:
                 self.end()
             return done
 
-    def sweep(self, idle: int | None = None, remove: str | None = None, spare: int | None = None) -> None:
+    def sweep(self, idle: int | None = None, remove: str | None = None, spare: int | None = None,
+              ahead: int | None = None) -> None:
         """Ask the supervisor to kill every process of the lineage but the holders (and the descendants of
-        workers other than ``idle``, whose cell has just ended), and to remove the directory ``remove``.
-        ``spare``: a worker that has just handed over to its committed cell and is exiting by itself; this sweep
-        neither kills it nor waits for its exit (the cell's reply and the next cell need not wait for the
-        unmapping of an interpreter), the next one does if it is still there."""
+        workers other than ``idle``, whose cell has just ended or is about to start), and to remove the directory
+        ``remove``. ``spare``: a worker that has just handed over to its committed cell and is exiting by itself;
+        this sweep neither kills it nor waits for its exit (the cell's reply and the next cell need not wait for
+        the unmapping of an interpreter), the next one does if it is still there. ``ahead``: the process the idle
+        worker forked for its next cell (before that cell, the only process of the worker's that stays)."""
         with self.lock:
-            if remove is None and self._nothing_to_sweep(idle, spare):
+            if remove is None and self._nothing_to_sweep(idle, spare, ahead):
                 return
             kept = [("alone" if key == idle else kind, pid) for key, (kind, pid) in self.holders.items()]
-            kept += [("alone", spare)] if spare is not None else []
+            kept += [("alone", pid) for pid in (spare, ahead) if pid is not None]
             fds, kinds = [], []
             for kind, pid in kept:
                 with contextlib.suppress(OSError):
@@ -493,19 +518,24 @@ class _Lineage:
                 for fd in fds:
                     _close_fd(fd)
 
-    def _nothing_to_sweep(self, idle: int | None, spare: int | None) -> bool:
+    def _nothing_to_sweep(self, idle: int | None, spare: int | None, ahead: int | None) -> bool:
         """Whether the kernel's list of the lineage's processes (its cgroup) holds nothing a sweep would kill: only
-        the supervisor, the holders, ``spare``, and children of workers other than ``idle`` (another branch's
-        cell, or the cell process it forked ahead). Then the sweep's round trip to the supervisor is saved; in any
-        other case, or without cgroups, the supervisor sweeps."""
+        the supervisor, the holders, ``spare``, ``ahead``, children of workers other than ``idle`` (another
+        branch's cell, or the cell process it forked ahead), and processes already exiting (a worker that handed
+        over). Then the sweep's round trip to the supervisor is saved; in any other case, or without cgroups, the
+        supervisor sweeps."""
         if self.groups is None or self.supervisor is None or self.unswept or self.ended:
             return False
         procs = self.groups.procs()
         if procs is None:
             return False
-        known = {self.supervisor, spare, *(pid for _, pid in self.holders.values())}
+        known = {self.supervisor, spare, ahead, *(pid for _, pid in self.holders.values())}
         busy = {pid for key, (kind, pid) in self.holders.items() if kind == "worker" and key != idle}
-        return all(parent_pid(pid) in busy for pid in procs - known)
+        for pid in procs - known:
+            task = _task(pid)
+            if task is not None and task[0] not in busy and not task[1]:
+                return False
+        return True
 
     def digest(self, path: str, deadline: float | None = None) -> str | None:
         """The supervisor's digest of a directory of the lineage (None if it cannot tell)."""
@@ -564,12 +594,16 @@ def _spawn_from(frozen: _Frozen, workdir: str, deadline: float) -> tuple[socket.
     return ours, writer[0]
 
 
-def _prefork(sock: socket.socket, limits: SandboxLimits) -> None:
-    """Let an idle worker fork the next cell's process now, off that cell's path, and set its ``limits``. Asked
-    when no sweep can come before the cell (a sweep kills the worker's descendants); no reply: a worker that
-    cannot fork now forks at the cell."""
-    with contextlib.suppress(OSError):
+def _prefork(sock: socket.socket, limits: SandboxLimits) -> bool:
+    """Let an idle worker fork the next cell's process now, off that cell's path, and set its ``limits``; True if
+    asked. Asked after the sweep that follows a cell (a sweep kills the worker's descendants); not awaited: the
+    forked process's word, which says its pid, is read before the next request (a worker that cannot fork now
+    says so, and forks at the cell)."""
+    try:
         wire.send(sock, {"op": "prefork", "limits": asdict(limits)}, deadline=time.monotonic() + _EXEC_GRACE_S)
+    except OSError:
+        return False
+    return True
 
 
 class _Frozen:
@@ -632,6 +666,8 @@ class PythonSandbox:
         self._workdir: str | None = None
         self._source: SandboxSnapshot | None = None  # the snapshot the next worker starts from
         self._note: str | None = None  # what the next cell's output must say about how its state was rebuilt
+        self._ahead = False  # a prefork was asked whose word has not been read yet
+        self._standby = 0  # the pid of the process the worker forked for the next cell, once its word was read
         self._finalizer: weakref.finalize | None = None
 
     @property
@@ -657,7 +693,7 @@ class PythonSandbox:
         was taken with), else (with ``fallback``) replay in a new lineage, re-running cells for at most
         ``limits.replay_s``. Returns a note when the state is not what a native restore would give."""
         note, self._note = self._note, None
-        got, done = None, 0
+        got, done, ahead = None, 0, False
         source = self._source
         if source is not None and source.alive:
             frozen = source._frozen
@@ -668,7 +704,7 @@ class PythonSandbox:
             until = min(deadline or math.inf, time.monotonic() + _SPAWN_S)
             got = _spawn_from(frozen, workdir, until)
             if got is not None and self.prefork:
-                _prefork(got[0], self.limits)  # it forks the first cell's process while its files are digested
+                ahead = _prefork(got[0], self.limits)  # it forks the first cell's process while files are digested
             if got is not None and lineage.digest(workdir, until) != frozen.digest:
                 got[0].close()  # not attached: the next sweep kills it
                 lineage.sweep(remove=workdir)
@@ -690,11 +726,10 @@ class PythonSandbox:
             key = next(_keys)
             workdir = lineage.path("w", key)
             got = lineage.start(workdir)
-            if self.prefork:
-                _prefork(got[0], self.limits)
+            ahead = self.prefork and _prefork(got[0], self.limits)
         sock, pid = got
         lineage.attach(self._key, "worker", pid)
-        self._sock, self._pid, self._workdir, self._lineage = sock, pid, workdir, lineage
+        self._sock, self._pid, self._workdir, self._lineage, self._ahead = sock, pid, workdir, lineage, ahead
         self._finalizer = weakref.finalize(self, PythonSandbox._free, sock, lineage, self._key, workdir)
         if done < len(self.cells):
             lost = self._replay(done)
@@ -731,6 +766,7 @@ class PythonSandbox:
         if self._finalizer is not None:
             self._finalizer()
         self._finalizer, self._sock, self._pid, self._workdir, self._lineage = None, None, None, None, None
+        self._ahead, self._standby = False, 0
 
     def reset(self) -> None:
         """Forget all state: the next cell starts a fresh worker from the template."""
@@ -785,6 +821,17 @@ class PythonSandbox:
             if limits["timeout_s"] <= 0:
                 return CellResult("", "timeout", False)
         own = now + limits["timeout_s"] + _EXEC_GRACE_S
+        if not self._word_ahead(own):
+            return None
+        ahead, self._standby = self._standby, 0  # this cell takes it
+        if sweep:  # what the worker started after the last cell's reply goes before this cell runs
+            task = _task(self._pid) if self._pid is not None else None
+            if task is not None and task[2] > 1:
+                self.close()
+                return CellResult("Crashed: the sandbox's worker was running a thread between cells (a thread may not "
+                                  "outlive its cell), so it was ended and the cell was not run; the earlier state will "
+                                  "be rebuilt at the next cell.", "crashed", False)
+            self._lineage.sweep(idle=self._key, ahead=ahead or None)
         try:
             wire.send(self._sock, {"op": "exec", "code": code, "limits": limits}, deadline=own)
         except OSError:
@@ -799,14 +846,30 @@ class PythonSandbox:
             self._lineage.attach(self._key, "worker", writer[0])
         if sweep:  # nothing a cell started outlives it
             self._lineage.sweep(idle=self._key, spare=previous if self._pid != previous else None)
-            if more and self.prefork:
-                _prefork(self._sock, self.limits)
+            self._ahead = more and self.prefork and _prefork(self._sock, self.limits)
         output = reply.get("output")
         output = output if isinstance(output, str) else ""
         if len(output) > self.limits.max_output_chars + 400:
             output = output[: self.limits.max_output_chars] + "\n[output truncated]"
         status = reply.get("status") if reply.get("status") in ("ok", "error", "timeout", "crashed") else "error"
         return CellResult(output, str(status), reply.get("committed") is True)
+
+    def _word_ahead(self, deadline: float) -> bool:
+        """Read the word that follows a prefork, if one was asked and not read yet; False if the worker did not say
+        by ``deadline``. The pid of the process forked for the next cell (stamped by the kernel, and only if it is
+        a child of the worker) goes to ``_standby``."""
+        if not self._ahead:
+            return True
+        assert self._sock is not None
+        self._ahead = False
+        writer: list[int] = []
+        word = wire.recv(self._sock, deadline, writer=writer)
+        if word is None:
+            return False
+        task = _task(writer[0]) if word.get("standby") is True and writer and writer[0] > 0 else None
+        if task is not None and task[0] == self._pid:
+            self._standby = writer[0]
+        return True
 
     def snapshot(self, native: bool = True) -> SandboxSnapshot:
         """Freeze the current state within _SNAPSHOT_S. ``native``: a frozen fork whose files the supervisor
@@ -824,6 +887,9 @@ class PythonSandbox:
             if self._sock is None or self._source is not source or not source.alive:
                 return replay
         assert self._sock is not None and self._lineage is not None
+        if not self._word_ahead(deadline):
+            self.close()
+            return replay
         lineage = self._lineage
         directory = lineage.path("s", next(_keys))
         ours, theirs = socket.socketpair()

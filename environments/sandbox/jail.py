@@ -76,6 +76,13 @@ _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 # prctl(PR_SET_DUMPABLE, ...): a dumpable worker's memory, and that of the snapshots forked from it, could be
 # rewritten through /proc/PID/mem by a later cell of the same user.
 _PR_SET_DUMPABLE = 4
+# Memory a fork shares instead of copying: a shared mapping (MAP_SHARED, which MAP_SHARED_VALIDATE includes) of
+# anonymous memory or of any file (/dev/shm, /tmp, the working directory: all tmpfs) would be the same pages in
+# the worker, the cell process forked ahead, every cell and every frozen snapshot, so a later or an uncommitted
+# cell could rewrite what a snapshot holds. mremap with an old size of 0 duplicates a shared mapping; shmat
+# attaches a SysV segment (shmget is refused too); remap_file_pages works on shared mappings only.
+_MAP_SHARED = 0x01
+_SHARED_MEMORY_CALLS = ("shmat", "remap_file_pages")
 
 
 @functools.cache
@@ -103,6 +110,10 @@ def seccomp_program() -> bytes:
     for request in (_TIOCSTI, _TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
     f.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, _PR_SET_DUMPABLE))
+    f.add_rule(deny, "mmap", sc.Arg(3, sc.MASKED_EQ, _MAP_SHARED, _MAP_SHARED))
+    f.add_rule(deny, "mremap", sc.Arg(1, sc.EQ, 0))
+    for name in _SHARED_MEMORY_CALLS:
+        f.add_rule(deny, name)
     for command in _LOCK_COMMANDS:  # a read-only bound file is the same inode for every lineage and the host
         f.add_rule(deny, "fcntl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, command))
     with tempfile.TemporaryFile() as out:

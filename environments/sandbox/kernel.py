@@ -12,6 +12,7 @@ import os
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl = _libc.prctl  # bound here: a cell may rebind the library object's attribute, not this name of a pinned copy
 _libc.syscall.restype = ctypes.c_long
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -34,7 +35,7 @@ def _check(ret: int, what: str) -> None:
 
 
 def prctl(option: int, arg: int = 0) -> None:
-    _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+    _check(_prctl(option, arg, 0, 0, 0), f"prctl({option})")
 
 
 def set_pdeathsig(sig: int) -> None:

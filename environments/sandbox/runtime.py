@@ -12,20 +12,35 @@ trust what they send. Nothing a worker, a cell or a frozen fork sends is trusted
 
 from __future__ import annotations
 
+import _socket
 import ast
 import base64
+import builtins
 import contextlib
+import gc
 import os
+import random
+import resource
 import signal
 import socket
 import sys
 import time
-from typing import Any
+import traceback
+import types
+from typing import Any, cast
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` leaves the script's folder out
 import dirtree
 import kernel
 import wire
+
+# Every function below looks builtins up in this copy, taken before any cell runs: a cell that rebinds
+# builtins.isinstance or builtins.__import__ does not reach the runtime's own steps (_pin_references does the
+# same for the modules it calls). Cells get the real builtins module.
+globals()["__builtins__"] = _BUILTINS = dict(vars(builtins))
+# The C methods and functions themselves: a cell may rebind socket.socket's Python methods or sys.setprofile.
+_close_socket, _detach_socket = _socket.socket.close, _socket.socket.detach
+_getprofile, _gettrace, _setprofile, _settrace = sys.getprofile, sys.gettrace, sys.setprofile, sys.settrace
 
 _PRELOAD = ("math", "cmath", "fractions", "itertools", "functools", "collections", "decimal", "statistics",
             "random", "re", "numpy", "sympy")
@@ -39,6 +54,34 @@ _WARM = ("resource", "traceback", "linecache", "tokenize", "ctypes", "heapq", "b
          "sympy.solvers", "sympy.parsing.sympy_parser", "mpmath")
 _THREAD_NOTE = ("\n[the cell left {n} threads running; a thread may not outlive its cell, so the cell's changes "
                 "were discarded: join your threads before the cell ends]")
+
+
+def _pinned(module: types.ModuleType) -> types.SimpleNamespace:
+    """``module``'s names as they are now, its functions made again over a private copy of its globals in which
+    the modules it uses are copies of their names too: rebinding a name in ``module``, or in a module it uses,
+    reaches none of them. What they reach through objects (a class's methods, a library handle) stays shared."""
+    own = {name: types.SimpleNamespace(**vars(value)) if isinstance(value, types.ModuleType) else value
+           for name, value in vars(module).items()}
+    own["__builtins__"] = _BUILTINS
+    for name, value in list(own.items()):
+        if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
+            fn = types.FunctionType(value.__code__, own, value.__name__, value.__defaults__, value.__closure__)
+            fn.__kwdefaults__, fn.__qualname__ = value.__kwdefaults__, value.__qualname__
+            fn.__dict__.update(value.__dict__)
+            own[name] = fn
+    return types.SimpleNamespace(**own)
+
+
+def _pin_references() -> None:
+    """Once in the template, before any cell: every module this one calls (wire, os, signal, socket, ...) is
+    replaced by its ``_pinned`` copy, so a cell that rebinds ``wire.send`` or ``os.fork`` does not reach the steps
+    a worker takes after the cell's reply. Not a boundary (a cell can rebind this module's own names, or patch
+    memory with ctypes); the sweep before the next cell is (docs/sandbox.md)."""
+    _BUILTINS.update(vars(builtins))  # what the template's imports added
+    g = globals()
+    for name, value in list(g.items()):
+        if isinstance(value, types.ModuleType) and value is not sys and value is not builtins:
+            g[name] = _pinned(value)
 
 
 class _Config:
@@ -55,7 +98,7 @@ class _Capture:
     """sys.stdout/sys.stderr for a cell: keeps the first ``limit`` characters, counts the rest."""
 
     def __init__(self, limit: int):
-        self.limit, self.parts, self.kept, self.dropped = limit, [], 0, 0
+        self.limit, self.parts, self.kept, self.dropped = limit, list[str](), 0, 0
         self.closed = False
 
     def write(self, s: Any) -> int:
@@ -136,18 +179,16 @@ class _Guard:
 
 def _execute(code: str, namespace: dict[str, Any], limits: dict[str, Any]) -> tuple[str, str]:
     """Run a cell notebook-style in ``namespace``; returns (output, status)."""
-    import traceback
-
     cap = _Capture(int(limits["max_output_chars"]))
     saved = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = cap
     status = "ok"
     _Guard.untrusted = True
     try:
-        tree = ast.parse(code, "<cell>", "exec")
+        tree = cast(ast.Module, compile(code, "<cell>", "exec", ast.PyCF_ONLY_AST))  # ast.parse, without its globals
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         exec(compile(tree, "<cell>", "exec"), namespace)
-        if last is not None:
+        if isinstance(last, ast.Expr):
             value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
             if value is not None:
                 cap.write(repr(value) + "\n")
@@ -177,8 +218,6 @@ def _rlimits(limits: Any) -> tuple[Any, ...] | None:
 
 
 def _set_limits(limits: dict[str, Any]) -> None:
-    import resource
-
     cpu = int(limits.get("cpu_s", 10))
     for name, value in ((resource.RLIMIT_CPU, (cpu, cpu + 2)),
                         (resource.RLIMIT_AS, int(limits.get("memory_bytes", 2 << 30))),
@@ -193,14 +232,18 @@ def _set_limits(limits: dict[str, Any]) -> None:
         _, current = resource.getrlimit(name)
         if current != resource.RLIM_INFINITY:
             soft, hard = min(soft, current), min(hard, current)
-        with contextlib.suppress(ValueError, OSError):
+        try:  # noqa: SIM105 - contextlib.suppress runs a class's methods, which a cell can rebind
             resource.setrlimit(name, (soft, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _reap_zombies() -> None:
-    with contextlib.suppress(ChildProcessError):
+    try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
+    except ChildProcessError:
+        pass
 
 
 # --------------------------------------------------------------------------- workers and frozen forks
@@ -210,11 +253,10 @@ class _Runtime:
     def __init__(self, namespace: dict[str, Any]):
         self.ns = namespace
         self.standby: tuple[int, socket.socket] | None = None  # (pid, channel) of the next cell's process
+        self.between: tuple[Any, Any, bool, dict | None] = (None, None, True, None)  # what _quiet set aside
 
     def fork(self) -> int:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a cell may have tampered with it
-        import random
-
         state = random.getstate()
         pid = os.fork()
         if pid == 0:
@@ -251,30 +293,38 @@ class _Runtime:
         the fork of this interpreter. The host asks only once the sweep after the previous cell is done (that
         sweep kills every descendant of this worker). A fork refused here is tried again by the cell."""
         if self.standby is not None:
+            wire.send(host, {"standby": False})
             return host
         mine, theirs = socket.socketpair()
         try:
             pid = self.fork()
         except OSError:
-            mine.close()
-            theirs.close()
+            _close_socket(mine)
+            _close_socket(theirs)
+            wire.send(host, {"standby": False})  # the host reads one word after each prefork
             return host
         if pid == 0:  # the standby: waits for its cell, holding this worker's state
-            mine.close()
-            os.close(host.detach())
+            _close_socket(mine)
+            # Stamped by the kernel with this process's pid: the host spares it (and only it, a child of the
+            # worker) in the sweep before the next cell, which kills whatever else the worker started meanwhile.
+            try:
+                wire.send(host, {"standby": True})
+            except OSError:  # the host is gone
+                os._exit(0)
+            os.close(_detach_socket(host))
             os.setpgid(0, 0)
             kernel.set_pdeathsig(signal.SIGKILL)
             _set_limits(limits)  # the cell's limits, set ahead too (set again if the cell brings others)
             # A cell of no effect, in a namespace of its own: the pages any cell's run writes are copied now,
             # not while the cell waits.
-            _execute("None", {"__builtins__": __builtins__}, limits)
+            _execute("None", {"__builtins__": builtins}, limits)
             request = wire.recv(theirs, None)
             if request is None:
                 os._exit(0)
             cell_limits = request.get("limits", {})
             return self._cell(theirs, str(request.get("code", "")), cell_limits,
                               set_limits=_rlimits(cell_limits) != _rlimits(limits))
-        theirs.close()
+        _close_socket(theirs)
         self.standby = (pid, mine)
         return host
 
@@ -298,6 +348,7 @@ class _Runtime:
                 kernel.set_pdeathsig(signal.SIGKILL)
                 return self._cell(theirs, code, limits)
             theirs.close()
+        assert mine is not None  # a standby that took the cell handed over its channel
         deadline = time.monotonic() + float(limits.get("timeout_s", 10.0))
         result = wire.recv(mine, deadline)
         threads = result.get("threads", 1) if result is not None else 1
@@ -361,9 +412,10 @@ class _Runtime:
         and, if told to commit, become the worker; returns the host channel it then serves."""
         if set_limits:
             _set_limits(limits)
+        self._wake()
         signal.pthread_sigmask(signal.SIG_SETMASK, set())  # the cell's own handlers run in its own process
         output, status = _execute(code, self.ns, limits)
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        self._quiet()
         with contextlib.suppress(OSError):
             wire.send(theirs, {"output": output, "status": status, "threads": kernel.threads_of_self()})
         fds: list[int] = []
@@ -371,8 +423,6 @@ class _Runtime:
         if commit is None or not fds:
             os._exit(0)
         kernel.set_pdeathsig(0)
-        import resource
-
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))  # room for the worker's own bookkeeping
         new_host = socket.socket(fileno=fds[0])
@@ -381,8 +431,37 @@ class _Runtime:
         wire.send(new_host, {"output": str(commit.get("output", "")), "status": str(commit.get("status")),
                              "committed": True})
         wire.send(theirs, {"ack": True})
-        theirs.close()
+        _close_socket(theirs)
         return new_host
+
+    def _quiet(self) -> None:
+        """Right after a cell's code, before its reply: signals wait; the profile and trace hooks the cell set, the
+        cyclic garbage collector (which runs finalizers and weakref callbacks) and the builtins it rebound are
+        set aside until the next cell's code, so that none of them runs model code in this process after its
+        reply (the library code the runtime calls sees the builtins as they were before any cell). ``_wake`` puts
+        them back."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        table = vars(builtins)
+        rebound = None
+        if table != _BUILTINS:
+            rebound = dict(table)
+            table.clear()
+            table.update(_BUILTINS)
+        self.between = (_getprofile(), _gettrace(), gc.isenabled(), rebound)
+        _setprofile(None)
+        _settrace(None)
+        gc.disable()
+
+    def _wake(self) -> None:
+        profile, trace, collect, rebound = self.between
+        if rebound is not None:
+            table = vars(builtins)
+            table.clear()
+            table.update(rebound)
+        if collect:
+            gc.enable()
+        _setprofile(profile)
+        _settrace(trace)
 
     def _snapshot(self, host: socket.socket, channel: socket.socket, directory: str) -> None:
         try:
@@ -528,7 +607,7 @@ def _living(namespaces: bool, me: int) -> dict[int, int]:
         if fields[0] not in ("Z", "X"):
             parents[int(name)] = int(fields[1])
     if not namespaces:  # no PID namespace: the lineage is this subreaper's descendants
-        found, frontier = set(), {me}
+        found, frontier = set[int](), {me}
         while frontier:
             frontier = {p for p, pp in parents.items() if pp in frontier} - found
             found |= frontier
@@ -617,7 +696,7 @@ def _supervise(ctl: socket.socket, namespaces: bool, lineage: int) -> None:
             wire.send(ctl, {"digest": value})
             continue
         kinds = msg.get("kinds") if isinstance(msg.get("kinds"), list) else []
-        workers, alone = set(), set()
+        workers, alone = set[int](), set[int]()
         for fd, kind in zip(fds, kinds):
             pid = _pidfd_pid(fd)
             if pid:
@@ -773,7 +852,7 @@ def main(fd: int) -> None:
 
     warnings.simplefilter("ignore")
     host = socket.socket(fileno=fd)
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     for name in _PRELOAD:
         with contextlib.suppress(ImportError):
             namespace[name] = importlib.import_module(name)
@@ -786,8 +865,7 @@ def main(fd: int) -> None:
     for name in _WARM:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    import gc
-
+    _pin_references()
     gc.freeze()  # the template's objects are never collected: a collection in a fork would copy their pages
     init = wire.recv(host)
     if init is None:

@@ -57,8 +57,9 @@ def run(box: PythonSandbox, code: str) -> str:
 # --------------------------------------------------------------------------- the host trusts no report
 def test_host_never_kills_a_pid_the_worker_reports(box: PythonSandbox, victim: subprocess.Popen) -> None:
     # The released code SIGKILLed whatever pid a cell made the worker report. Lie every way a cell can:
-    # os.getpid, and every frame the worker sends from now on carries the victim's pid.
-    run(box, f"import os, sys\nos.getpid = lambda: {victim.pid}\nw = sys.modules['wire']\n_send = w.send\n"
+    # os.getpid, and every frame the worker sends from now on carries the victim's pid (through the runtime's own
+    # reference to wire.send: it binds its modules' functions before any cell, but its own names stay reachable).
+    run(box, f"import os, sys\nos.getpid = lambda: {victim.pid}\nw = sys.modules['__main__'].wire\n_send = w.send\n"
              f"w.send = lambda s, o, fds=None: _send(s, dict(o, pid={victim.pid}, exiting={victim.pid}), fds)")
     box.run("x = 1")
     snap = box.snapshot()

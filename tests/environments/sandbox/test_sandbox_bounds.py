@@ -14,7 +14,9 @@ from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, st
 
 FAST = SandboxLimits(timeout_s=1.0, cpu_s=5, memory_bytes=1 << 30, processes=32, replay_s=1.0)
 HOOK_OFF = "import sys\nsys.modules['__main__']._Guard.untrusted = False\n"
-RUNTIME = "import sys, time\nrt = sys.modules['__main__']\nw = sys.modules['wire']\n"
+# The runtime's own reference to wire: it binds the modules it calls before any cell (rebinding wire.send itself no
+# longer reaches it), but its own names stay reachable to a cell.
+RUNTIME = "import sys, time\nrt = sys.modules['__main__']\nw = rt.wire\n"
 # The snapshot's own copy runs; the copy made by each restore from its frozen fork stalls.
 STALL_RESTORES = ("_copy, calls = rt._copy_into, []\ndef copy(a, b):\n    calls.append(1)\n"
                   "    return _copy(a, b) if len(calls) == 1 else time.sleep(3600)\nrt._copy_into = copy\n")
