@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+STARTED = 0.0
+"""When this session's first vLLM test began (`rpc_folder`)."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,6 +30,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/vllm" in str(item.fspath):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rpc_folder():
+    """vLLM's engines talk over ZMQ sockets that they create in ``$VLLM_RPC_BASE_PATH`` (the temporary folder by
+    default) and leave there (24 per run of this suite): here they go in a folder of their own, removed at the
+    end. Set before any engine starts; `serve` and the subprocess tests inherit it through the environment."""
+    global STARTED
+    STARTED = time.time()
+    with tempfile.TemporaryDirectory(prefix="vllm-rpc-", ignore_cleanup_errors=True) as folder:
+        before = os.environ.get("VLLM_RPC_BASE_PATH")
+        os.environ["VLLM_RPC_BASE_PATH"] = folder
+        try:
+            yield Path(folder)
+        finally:
+            if before is None:
+                os.environ.pop("VLLM_RPC_BASE_PATH", None)
+            else:
+                os.environ["VLLM_RPC_BASE_PATH"] = before
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ pytest.importorskip("trl")
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
-import json, os, tempfile
+import json, os, sys
 os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
 if __name__ == "__main__":
     import torch
@@ -33,7 +33,7 @@ if __name__ == "__main__":
     from trace_gym.agents.tiny import build_tiny_model
     from trace_gym.training.integrations.trl_rollout import TraceGymRollout, trainer_policy
 
-    folder = tempfile.mkdtemp()
+    folder = sys.argv[1]  # the test's tmp_path: the model and the trainer's output go where pytest cleans up
     model_dir = build_tiny_model(f"{folder}/nano", size="nano", seed=0)
     rollout = TraceGymRollout("tests.training.parity_env:ParityEnv", {"n_tasks": 4}, max_new_tokens=6,
                               max_context=256, workers=1)
@@ -60,8 +60,8 @@ if __name__ == "__main__":
 
 def test_use_vllm_samples_the_episodes_on_the_trainers_colocated_engine(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, cwd=ROOT, env=env,
-                            timeout=900)
+    result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                            env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert out["step"] == 1 and out["policies"] == ["VLLMPolicy"]
