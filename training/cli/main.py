@@ -22,7 +22,8 @@ from trace_gym.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("trace_gym.training.cli.envs", "list the registered trace/* environments with their tools and datasets"),
     "rollout": ("trace_gym.training.cli.envs", "roll out a policy with the tree wrapper and save the trees as JSONL"),
-    "model": ("trace_gym.agents.cli", "build the tiny embedded model: model init --out DIR"),
+    "model": ("trace_gym.agents.cli", "build the tiny model (model init --out DIR) or fetch a "
+                                         "pretrained one (model fetch smollm2-135m)"),
     "sft": ("trace_gym.training.driver.warm_start", "supervised warm start on scripted-expert trajectories"),
     "train": ("trace_gym.training.cli.train", "train with TRACE or a baseline allocator from a YAML config"),
     "eval": ("trace_gym.training.cli.train",
