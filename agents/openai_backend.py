@@ -32,8 +32,8 @@ seen waiting. A server never reached (connection refused, unknown host, connect 
 error says so at once. A request that still fails after its retries, or that the server refuses because its
 conversation outgrew the context, is that row's error: the generation comes back with `Generation.error` (the
 server's message and the fix), and a caller that plays many episodes (`trace-gym eval`) ends that episode with
-the error on record and goes on. Other refusals (4xx: a key, a model name, a field the server does not take)
-would meet every request alike: they raise `ServerError`.
+the error on record and goes on. Other refusals (4xx: a key, a model name, a field the server does not take
+beyond the adaptable ones above) would meet every request alike: they raise `ServerError`.
 """
 
 from __future__ import annotations
