@@ -70,7 +70,7 @@ class PolicyOptions:
     """openai: "vllm" asks for vLLM's extra fields (token ids, top_k); "openai" sends the standard ones only;
     "auto" asks the server (vLLM's ``GET /models`` says ``owned_by: vllm``)."""
     tool_calls: Literal["native", "text"] | None = None
-    """openai, hf: None is the backend's default, "native" for a server and "text" for a model folder. openai:
+    """openai, hf, vllm: None is the backend's default, "native" for a server and "text" for a model folder. openai:
     "native" sends the env's tools and reads the answer's tool_calls, a reply without them being the
     final answer (a server with a tool-call parser, any hosted API); "text" lets the model write calls as text for
     the env to parse."""
@@ -218,8 +218,10 @@ def _vllm(path: str, options: PolicyOptions) -> Policy:
         raise SetupError(f"expected the vllm package for vllm:{path}, got ImportError: {exc}; fix: "
                          "pip install -e '.[vllm]' (on a GPU machine) or use the model folder with transformers"
                          ) from None
-    return VLLMPolicy.from_pretrained(path, dtype=options.dtype, max_model_len=options.max_model_len,
-                                      seed=options.seed)
+    policy = VLLMPolicy.from_pretrained(path, dtype=options.dtype, max_model_len=options.max_model_len,
+                                        seed=options.seed)
+    policy.native_tools = options.tool_calls == "native"
+    return policy
 
 
 def _openai(model: str | None, base_url: str | None, options: PolicyOptions,

@@ -58,10 +58,13 @@ class PrefixCacheStats:
 
 
 class VLLMPolicy:
-    """`Policy` over a `vllm.LLM` engine; `from_pretrained` builds one for a local model folder."""
+    """`Policy` over a `vllm.LLM` engine; `from_pretrained` builds one for a local model folder. ``native_tools``:
+    the collector offers the env's tools through the chat template and reads Hermes calls and plain replies as a
+    server's answer is read, as for `HFPolicy` (agents/native_tools.py)."""
 
-    def __init__(self, llm, tokenizer=None):
+    def __init__(self, llm, tokenizer=None, native_tools: bool = False):
         self.llm = llm
+        self.native_tools = native_tools
         self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
         self.stop_ids = sorted(end_of_turn_ids(self.tokenizer))
         self.last_prefix_cache = PrefixCacheStats()

@@ -57,7 +57,7 @@ CONFIG_KEYS = {"tasks": "eval.tasks", "samples": "eval.samples", "temperature": 
 BACKEND_FLAGS: dict[str, tuple[str, tuple[Backend, ...]]] = {
     "--base-url": ("base_url", ("openai",)), "--model": ("model", ("openai",)),
     "--api-key-env": ("api_key_env", ("openai",)), "--tokenizer": ("tokenizer", ("openai",)),
-    "--server": ("server", ("openai",)), "--tool-calls": ("tool_calls", ("openai", "hf")),
+    "--server": ("server", ("openai",)), "--tool-calls": ("tool_calls", ("openai", "hf", "vllm")),
     "--concurrency": ("concurrency", ("openai",)),
     "--max-retries": ("max_retries", ("openai",)), "--timeout": ("timeout", ("openai",)),
     "--extra-body": ("extra_body", ("openai",)),
@@ -102,7 +102,7 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
                      help="server: 'native' sends the env's tools and reads the answer's tool_calls, a reply "
                           "without them being the final answer (the OpenAI API's form; a hosted model, or vllm serve "
                           "--enable-auto-tool-choice --tool-call-parser hermes); 'text' lets the model write calls "
-                          "as text (default: native); model folder: 'native' renders the tools through the chat "
+                          "as text (default: native); model folder, vllm: 'native' renders the tools through the chat "
                           "template and reads Hermes calls, a plain reply being the final answer (default: text)")
     pol.add_argument("--concurrency", type=int, metavar="N",
                      help=f"server: most requests in flight at once (default: {opts.concurrency})")
