@@ -96,6 +96,21 @@ def test_the_predictor_learns_an_env_apart_only_when_told_the_env():
     assert len(cols_told) == len(cols_plain) + 1 and set(cols_plain) < set(cols_told)
 
 
+def test_the_hidden_state_predictor_reads_the_env_only_when_told(nano_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_gym.training.driver.builders import hidden_state_fn
+
+    model = AutoModelForCausalLM.from_pretrained(nano_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(nano_dir)
+    same = [Prefix("easy/t1", "Same words."), Prefix("hard/t1", "Same words.")]
+    plain, told = hidden_state_fn(model, tokenizer)(same), hidden_state_fn(model, tokenizer, env_tag=True)(same)
+    assert torch.equal(plain[0], plain[1]) and not torch.allclose(told[0], told[1])
+    alone = hidden_state_fn(model, tokenizer)([Prefix("easy/t1", "[easy]\nSame words.")])
+    assert torch.allclose(told[0], alone[0], atol=1e-5)  # the key leads the text, nothing else changes
+
+
 @pytest.fixture(scope="module")
 def nano_dir(tmp_path_factory):
     from trace_gym.agents.tiny import build_tiny_model
