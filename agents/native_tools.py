@@ -248,7 +248,7 @@ def _wire_call(call: Any, k: int, where: str) -> tuple[str, str, str]:
     """(id, name, arguments text) of one ``tool_calls`` entry; `ServerError` when it is not in the OpenAI form."""
     fn = call.get("function") if isinstance(call, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
-    if not isinstance(name, str):
+    if not isinstance(fn, dict) or not isinstance(name, str):
         raise ServerError(f"expected tool_calls[{k}] to be {{'id', 'type': 'function', 'function': {{'name', "
                           f"'arguments'}}}} in {where}, got {json.dumps(call)[:200]}; fix: check that the server "
                           "speaks the OpenAI chat-completions form")

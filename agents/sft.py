@@ -128,10 +128,8 @@ def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torc
     positions = None
     if not bool((attention[:, 1:] <= attention[:, :-1]).all()):  # right padding needs no mask (sequence_logprobs)
         positions = (attention.long().cumsum(-1) - 1).clamp(min=0)
-    else:
-        attention = None
-    hidden = head_model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions,
-                                      use_cache=False).last_hidden_state  # (B, T, H)
+    hidden = head_model.get_decoder()(input_ids=ids, attention_mask=attention if positions is not None else None,
+                                      position_ids=positions, use_cache=False).last_hidden_state  # (B, T, H)
     chosen = mask[:, 1:].bool()
     states, targets = hidden[:, :-1][chosen], ids[:, 1:][chosen]  # (N, H), (N,)
     head = head_model.get_output_embeddings()
@@ -175,7 +173,8 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
 
     out = Path(out_dir or model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # Any: the Hugging Face model, or peft's wrapper of it under LoRA (whose merge_and_unload gives it back)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = (config or SFTSettings()).resolved(sum(p.numel() for p in model.parameters()))
     assert config.lr is not None and config.batch_size is not None
     if config.lora_r:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from trace_gym.errors import ConfigError
 
@@ -29,7 +29,7 @@ TAG_TOKENS = (
 
 # Model shapes. head_dim is set explicitly: Qwen3Config defaults it to 128 whatever the hidden size; vLLM's CPU
 # attention kernels need head_dim >= 32.
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, dict[str, Any]] = {
     "nano": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
                  head_dim=32, intermediate_size=192),
     "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -120,7 +120,8 @@ def build_config(tokenizer, size: Size = "tiny"):
     eot, pad = tokenizer.convert_tokens_to_ids([END_OF_TURN, PAD])
     return Qwen3Config(
         vocab_size=len(tokenizer), max_position_embeddings=8192, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=eot, pad_token_id=pad, rope_theta=10000.0, **SIZES[size],
+        bos_token_id=None, eos_token_id=eot, pad_token_id=pad,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **SIZES[size],
     )
 
 

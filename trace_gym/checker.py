@@ -167,7 +167,7 @@ def schema_calls(env: TextEnv, rng: np.random.Generator, n: int) -> list[str]:
     text = " ".join(str(m.get("content", "")) for m in env.messages if m.get("role") != "system")
     words = _WORD.findall(text)  # with repeats: a word the task mentions often is drawn often
     tools = list(env.tool_map.values())
-    out = []
+    out: list[str] = []
     for _ in range(n * 4):
         if len(out) == n:
             break

@@ -177,7 +177,7 @@ class TextEnv(gym.Env[str, str]):
         ``turn``, ``messages``, and ``reset_info()``)."""
         super().reset(seed=seed)
         task = self._choose_task(options or {})
-        self._rng_after_reset = copy.deepcopy(self.np_random.bit_generator.state)
+        self._rng_after_reset = copy.deepcopy(dict(self.np_random.bit_generator.state))
         return self._start(task)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -442,7 +442,7 @@ class ToolEnv(TextEnv):
         if parsed.answer is not None:
             assert self.task is not None
             reward, verdict = self.verify(self.task, parsed.answer)
-            info = {**verdict, "answer": parsed.answer, "stop_reason": "answer"}
+            info: dict[str, Any] = {**verdict, "answer": parsed.answer, "stop_reason": "answer"}
             return Turn("", reward=reward, terminated=True, info=info, messages=[])
         results, errors = [], []
         for call in parsed.calls[: self.max_tool_calls]:
@@ -455,7 +455,7 @@ class ToolEnv(TextEnv):
             over = f"not run: over the limit of {self.max_tool_calls} tool calls per turn"
             results += [f"Error: {over}"] + ["Error: not run"] * (excess - 1)
             errors.append(f"{excess} calls {over}")
-        info: dict[str, Any] = {"tool_calls": len(parsed.calls)}
+        info = {"tool_calls": len(parsed.calls)}
         if errors:
             info["error"] = "; ".join(errors)
         return Turn("\n\n".join(results), info=info,

@@ -41,7 +41,7 @@ def descendant_pids(pid: int | None = None) -> set[int]:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {root}
+    found, frontier = set[int](), {root}
     while frontier:
         frontier = {p for p, pp in parents.items() if pp in frontier} - found
         found |= frontier

@@ -14,10 +14,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from trace_gym.errors import SnapshotError
 from trace_gym.tasks import Task
+
+SnapshotKind = Literal["native", "replay"]
+"""How a tree rollout snapshots its nodes: ``NativeSnapshot`` (a copy of the state) or ``ReplaySnapshot``."""
 
 
 class Restorable(Protocol):
@@ -41,7 +44,8 @@ class Restorable(Protocol):
 class Snapshot(Protocol):
     """A frozen episode state. ``restore_into`` must leave the snapshot reusable."""
 
-    kind: str
+    @property
+    def kind(self) -> str: ...
 
     def restore_into(self, env: Restorable) -> tuple[str, dict[str, Any]]: ...
 

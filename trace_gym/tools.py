@@ -91,8 +91,8 @@ def _json_type(hint: Any) -> dict[str, Any]:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return _json_type(args[0]) if len(args) == 1 else {}
     if origin in (list, tuple):
-        args = typing.get_args(hint)
-        return {"type": "array", "items": _json_type(args[0])} if args else {"type": "array"}
+        items = typing.get_args(hint)
+        return {"type": "array", "items": _json_type(items[0])} if items else {"type": "array"}
     if origin is dict:
         return {"type": "object"}
     if origin is typing.Literal:

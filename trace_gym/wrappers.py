@@ -9,14 +9,14 @@ Gymnasium's common wrappers are known here; a wrapper of your own says how with 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 from gymnasium import wrappers as gw
 
 from trace_gym.env import TextEnv
 from trace_gym.errors import ConfigError, TraceGymError
-from trace_gym.snapshot import Snapshot
+from trace_gym.snapshot import Snapshot, SnapshotKind
 from trace_gym.tree import Node, RolloutTree
 
 
@@ -91,7 +91,7 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
     resource (``TextEnv.snapshot``), so they cost nothing until restored.
     """
 
-    def __init__(self, env: gym.Env[str, str], snapshot_kind: Literal["native", "replay"] = "native",
+    def __init__(self, env: gym.Env[str, str], snapshot_kind: SnapshotKind = "native",
                  snapshot_resources: bool = True):
         super().__init__(env)
         if not isinstance(env.unwrapped, TextEnv):
@@ -136,6 +136,7 @@ class TreeRolloutWrapper(gym.Wrapper[str, str, str, str]):
         if self.tree is None:
             raise TraceGymError("expected reset() before step()")
         obs, reward, terminated, truncated, info = self.env.step(action)
+        reward = float(reward)  # gymnasium types a reward as SupportsFloat
         node = self.tree.add(self.node_id, action, obs, reward, terminated, truncated, info)
         self.node_id = node.id
         if not (terminated or truncated):

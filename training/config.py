@@ -533,7 +533,7 @@ def one_line(model: type[Section], exc: pydantic.ValidationError) -> str:
 
 _RANGES = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
 _RANGE_WORDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
-_FIELD_WORDS = {(ModelConfig, "device"): "'auto', 'cpu' or 'cuda[:i]'"}
+_FIELD_WORDS: dict[tuple[type[Section], str], str] = {(ModelConfig, "device"): "'auto', 'cpu' or 'cuda[:i]'"}
 
 
 def _locate(model: type[Section], loc: Sequence[Any]) -> tuple[type[Section], str | None, str]:

@@ -301,8 +301,9 @@ def execute(instances: Mapping[str, Any], owners: Mapping[str, str], docs: Mappi
             text, ok, _ = run_method(instance, call.name, arguments, True)
         return text, ok
     bound = CALL_BOUND if timeout_s is None else replace(CALL_BOUND, timeout_s=min(timeout_s, CALL_BOUND.timeout_s))
+    # The ignore: mypy matches a class object against Hashable through the unbound object.__hash__.
     outcome = bounded_call(run_method, instance, call.name, dict(arguments), stateless, max_chars, bound=bound,
-                           warm=(type(instance).__module__,), classes=state_classes(type(instance)))
+                           warm=(type(instance).__module__,), classes=state_classes(type(instance)))  # type: ignore[arg-type]
     if not outcome.ok:
         return f"Error during execution: the call was stopped ({outcome.error}).", False
     text, ok, state = outcome.value

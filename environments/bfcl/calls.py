@@ -122,9 +122,10 @@ def _decode_python(text: str) -> tuple[Item, ...]:
         return ()
     body = tree.body
     elements = body.elts if isinstance(body, ast.List | ast.Tuple) else [body]
-    if not elements or not all(isinstance(e, ast.Call) for e in elements):
+    calls = [e for e in elements if isinstance(e, ast.Call)]
+    if not calls or len(calls) != len(elements):
         return ()
-    return tuple(_decode_call_node(e) for e in elements)
+    return tuple(_decode_call_node(e) for e in calls)
 
 
 def _dotted_name(node: ast.expr) -> str | None:

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trace_gym.actions import ActionParser, HermesParser, ParsedAction, TagParser
-from trace_gym.env import TextEnv, ToolEnv, Turn
+from trace_gym.env import ToolEnv, Turn
 from trace_gym.environments.math.answers import check_answer, format_gold, gsm8k_gold, last_boxed
 from trace_gym.environments.math.arithmetic import ArithmeticConfig, make_tasks, make_tiered_tasks, parse_tiers
 from trace_gym.environments.records import Fields, Source, check_fields, find_column, read_records
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, SandboxSnapshot
 from trace_gym.errors import ConfigError, DataError, SetupError
 from trace_gym.limits import Footprint
-from trace_gym.snapshot import NativeSnapshot
+from trace_gym.snapshot import NativeSnapshot, Restorable
 from trace_gym.tasks import Task
 from trace_gym.tools import Tool, ToolCall
 
@@ -161,7 +161,7 @@ class MathSnapshot(NativeSnapshot):
         super().__init__(env)
         self.sandbox: SandboxSnapshot = env.sandbox.snapshot(native=fork)
 
-    def restore_into(self, env: TextEnv) -> tuple[str, dict[str, Any]]:
+    def restore_into(self, env: Restorable) -> tuple[str, dict[str, Any]]:
         out = super().restore_into(env)
         assert isinstance(env, MathEnv)
         env.sandbox.restore(self.sandbox)

@@ -46,8 +46,8 @@ def math_verify_equal(gold: str, pred: str) -> tuple[bool, str, str]:
     # LaTeX extraction only: math-verify's ExprExtractionConfig hands the text to sympy's parse_expr (eval).
     # No timeouts of its own (SIGALRM, wall clock): the check's CPU budget (run_check) bounds it.
     configs = [LatexExtractionConfig()]
-    g = [_exact(x) for x in parse(f"${gold}$", extraction_config=configs, parsing_timeout=None)]  # type: ignore[arg-type]
-    p = [_exact(x) for x in parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)]  # type: ignore[arg-type]
+    g = [_exact(x) for x in parse(f"${gold}$", extraction_config=configs, parsing_timeout=None)]
+    p = [_exact(x) for x in parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)]
     if not g or not p:
         return False, str(g[0])[:400] if g else "", str(p[0])[:400] if p else ""
     # math-verify compares an interval or an ordered pair with the set of its elements as equal: the gold

@@ -168,7 +168,7 @@ def _unique_id(raw: Any, index: int, seen: set[str]) -> str:
 
 def _from_context_records(records: Sequence[Mapping[str, Any]], dataset: str, where: str) -> QAData:
     """HotpotQA and 2Wiki share the layout; 2Wiki adds evidences (kept in meta)."""
-    tasks, passages, seen, support = [], [], set(), {}
+    tasks, passages, seen, support = [], [], set[str](), {}
     for i, r in enumerate(records):
         _require(r, ("question", "answer", "context"), f"{where} record {i}")
         context = _pairs(r["context"], "title", "sentences")
@@ -200,7 +200,7 @@ def load_2wiki(path: Source, fields: Fields | None = None) -> QAData:
 
 
 def _musique(records: Sequence[Mapping[str, Any]], where: str, include_unanswerable: bool = False) -> QAData:
-    tasks, passages, seen, support, unanswerable = [], [], set(), {}, []
+    tasks, passages, seen, support, unanswerable = [], [], set[str](), {}, []
     for i, r in enumerate(records):
         _require(r, ("question", "paragraphs"), f"{where} record {i}")
         answerable = r.get("answerable") is not False
@@ -247,7 +247,7 @@ def bamboogle_id(question: str) -> str:
 
 
 def _questions(records: Sequence[Mapping[str, Any]], dataset: str, where: str) -> QAData:
-    tasks, seen = [], set()
+    tasks, seen = [], set[str]()
     for i, r in enumerate(records):
         qcol = find_column(r, ("question", "query"))
         acol = find_column(r, ("answer", "golden_answers", "answers"))

@@ -254,7 +254,7 @@ class BM25Index:
         indptr, indices, data = m["indptr"], m["indices"], m["data"]
         rows = np.concatenate([indices[indptr[i] : indptr[i + 1]] for i in ids])
         weights = np.concatenate([data[indptr[i] : indptr[i + 1]] for i in ids])
-        scores = np.bincount(rows, weights=weights, minlength=n)
+        scores = np.bincount(rows, weights=weights, minlength=n).astype(float, copy=False)  # float64 already: no copy
         if self._bm25.nonoccurrence_array is not None:  # bm25l / bm25+ score absent terms too
             scores += float(self._bm25.nonoccurrence_array[ids].sum())
         return scores

@@ -13,7 +13,7 @@ import os
 import queue
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -59,7 +59,7 @@ def on_owner_thread(job: Callable[[], T]) -> T:
     return owner.run(job)
 
 
-def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen:
+def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
     """``subprocess.Popen(argv, **kwargs)`` forked by the owner thread: a parent-death signal the child sets
     fires when this process ends, not when the calling thread does."""
     return on_owner_thread(lambda: subprocess.Popen(argv, **kwargs))

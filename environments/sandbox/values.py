@@ -134,7 +134,7 @@ def decode(data: Any, classes: tuple[type, ...] = ()) -> Any:
             attributes = d.get("a")
             if not isinstance(attributes, dict) or not isinstance(d["o"], int) or d["o"] in objects:
                 raise ValueError("a malformed object")
-            obj = object.__new__(cls)
+            obj: Any = object.__new__(cls)
             objects[d["o"]] = obj  # before its attributes: they may point back to it
             obj.__dict__.update({str(k): walk(x) for k, x in attributes.items()})
             return obj

@@ -51,10 +51,17 @@ class Allocator(Protocol):
     ``needs_root_values``/``needs_prefix_values`` tell the caller whether to run the predictor (or, when
     ``oracle``, the environment's true values) before each stage."""
 
-    name: str
-    oracle: bool
-    needs_root_values: bool
-    needs_prefix_values: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def oracle(self) -> bool: ...
+
+    @property
+    def needs_root_values(self) -> bool: ...
+
+    @property
+    def needs_prefix_values(self) -> bool: ...
     root_anchor: bool
     """Stage 2 may continue from the root of a prompt whose bare rollouts agree (deviation 8)."""
     refund: bool

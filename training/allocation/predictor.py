@@ -277,10 +277,11 @@ class HiddenStatePredictor:
         self.hidden_fn = hidden_fn
         self.steps = steps
         gen = torch.Generator().manual_seed(seed)
-        self.head = torch.nn.Sequential(torch.nn.LayerNorm(hidden_size), torch.nn.Linear(hidden_size, 1))
+        linear = torch.nn.Linear(hidden_size, 1)
+        self.head = torch.nn.Sequential(torch.nn.LayerNorm(hidden_size), linear)
         with torch.no_grad():
-            self.head[1].weight.copy_(torch.randn(1, hidden_size, generator=gen) * 0.01)
-            self.head[1].bias.zero_()
+            linear.weight.copy_(torch.randn(1, hidden_size, generator=gen) * 0.01)
+            linear.bias.zero_()
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=lr, weight_decay=weight_decay)
 
     def _hidden(self, prefixes: Sequence[Prefix]) -> Any:

@@ -66,7 +66,9 @@ def worker_policy(cfg: TrainConfig, model_path: str) -> Any:
     model = None
     if cfg.model.backend == "hf":
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        model = model.to(resolve_device(cfg.model.device)).eval()
+        # The ignore: transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), whose type keeps
+        # the unbound `self` as the first parameter.
+        model = model.to(resolve_device(cfg.model.device)).eval()  # type: ignore[arg-type]
     return make_policy(cfg, model, tokenizer, model_path)  # type: ignore[arg-type]
 
 

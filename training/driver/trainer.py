@@ -245,7 +245,7 @@ class Trainer:
         first, last = self.history.eval_first, self.history.eval_last
         if not first or not last or len(self.history.eval) < 2:
             return {}
-        return {k: PairedDifference.of(np.subtract(last[k], first[k])) for k in first if k in last}
+        return {k: PairedDifference.of(np.subtract(last[k], first[k]).tolist()) for k in first if k in last}
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> dict[str, Any]:

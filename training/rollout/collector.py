@@ -58,7 +58,7 @@ from trace_gym.agents.policy import Generation, Policy, Request, SamplingParams
 from trace_gym.env_mix import EnvMix, env_of
 from trace_gym.errors import ConfigError, TraceGymError
 from trace_gym.seeds import derive
-from trace_gym.snapshot import ReplaySnapshot
+from trace_gym.snapshot import ReplaySnapshot, SnapshotKind
 from trace_gym.tasks import Task
 from trace_gym.tree import RolloutTree
 from trace_gym.wrappers import TreeRolloutWrapper
@@ -233,7 +233,7 @@ class TreeCollector:
     """
 
     def __init__(self, policy: Policy, make_env: Callable[[], gym.Env] | EnvMix, tasks: Sequence[Task],
-                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
+                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: SnapshotKind = "native",
                  workers: int = 4, max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
             raise TypeError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")

@@ -470,7 +470,7 @@ def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed
         return tid, node, order[tid] * per_task + k
 
     def refill(active: int) -> list[tuple[str, int, int]]:
-        starts = []
+        starts: list[tuple[str, int, int]] = []
         for tid, left in branch_left.items():
             if active + len(starts) >= in_flight:
                 return starts

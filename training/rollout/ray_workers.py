@@ -31,7 +31,7 @@ from trace_gym.agents.policy import Policy, SamplingParams
 from trace_gym.env_specs import EnvFactory
 from trace_gym.errors import TraceGymError
 from trace_gym.experts import Expert
-from trace_gym.snapshot import ReplaySnapshot
+from trace_gym.snapshot import ReplaySnapshot, SnapshotKind
 from trace_gym.tasks import Task
 from trace_gym.training.config import RayConfig
 from trace_gym.training.rollout.collector import (
@@ -106,8 +106,8 @@ class RolloutWorker:
     """One Ray actor: a policy, a pool of envs and the trees placed on it this step."""
 
     def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
-                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native", threads: int = 2,
-                 max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
+                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: SnapshotKind = "native",
+                 threads: int = 2, max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
         self.policy = make_policy()
         self.collector = _WorkerCollector(self.policy, make_env, tasks, sampling, tokenizer, snapshot_kind,
                                           threads, max_context, snapshots)
@@ -151,7 +151,8 @@ class RayTreeCollector:
 
         self.tasks = {t.id: t for t in tasks}
         actor = ray.remote(num_cpus=self.cfg.cpus_per_worker, num_gpus=self.cfg.gpus_per_worker)(RolloutWorker)
-        self.workers = [actor.remote(make_policy, make_env, list(tasks), sampling, tokenizer, snapshot_kind,
+        # Any: Ray types the methods of an actor handle only when they are declared with @ray.method.
+        self.workers: list[Any] = [actor.remote(make_policy, make_env, list(tasks), sampling, tokenizer, snapshot_kind,
                                      self.cfg.env_threads, max_context, snapshots) for _ in range(self.cfg.workers)]
         self.alive = [True] * len(self.workers)
         self.failures = 0
@@ -249,9 +250,8 @@ class RayTreeCollector:
             pending: dict[Any, tuple[int, list[str]]] = {}
             per_worker: dict[int, list[str]] = {}
             for tid in todo:
-                owner = self._owner.get(tid)
-                if owner is None or not self.alive[owner]:
-                    owner = self._place(tid, len(todo[tid]))
+                known = self._owner.get(tid)
+                owner = known if known is not None and self.alive[known] else self._place(tid, len(todo[tid]))
                 per_worker.setdefault(owner, []).append(tid)
             for w, tids in per_worker.items():
                 adopt = {t: (self._trees[t], self._roots[t]) for t in tids

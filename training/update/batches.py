@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,12 +47,14 @@ class UpdateBatch:
         """The sub-batch of the given rows."""
         if not isinstance(index, slice | torch.Tensor):
             index = torch.as_tensor(list(index), dtype=torch.long)
-        return UpdateBatch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[index])
-                              for f in fields(self)})
+        rows: dict[str, Any] = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[index])
+                                for f in fields(self)}
+        return UpdateBatch(**rows)
 
     def to(self, device: torch.device | str) -> UpdateBatch:
-        return UpdateBatch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
-                              for f in fields(self)})
+        moved: dict[str, Any] = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                                 for f in fields(self)}
+        return UpdateBatch(**moved)
 
     def shard(self, rank: int, world_size: int) -> UpdateBatch:
         """Rows ``rank, rank + world_size, ...``: round-robin keeps long and short rows spread over ranks."""

@@ -37,7 +37,7 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ from torch import nn
 
 from trace_gym.errors import ConfigError
 from trace_gym.training.config import ModelConfig, OptimConfig
-from trace_gym.training.update.batches import MicroBatch, UpdateBatch, update_batch
+from trace_gym.training.update.batches import UpdateBatch, update_batch
 from trace_gym.training.update.models import LoraSettings, full_state_dict, is_fsdp, prepare_model, unwrap
 from trace_gym.training.update.optimizer_step import policy_update
 from trace_gym.training.update.optimizers import make_optimizer
@@ -53,7 +53,10 @@ from trace_gym.training.update.packing import Pack, pack_batches, packing_unsupp
 from trace_gym.training.update.parallel import broadcast_object, world
 from trace_gym.training.update.samples import Sample
 
-_Part = TypeVar("_Part", bound=MicroBatch)
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+_Part = TypeVar("_Part", UpdateBatch, Pack)  # MicroBatch, each kind kept apart
 
 
 def mini_batches(order: Sequence[int], size: int, count: int = 0) -> list[list[int]]:
@@ -77,7 +80,9 @@ class Learner:
         self.model_cfg, self.optim, self.temperature = model_cfg, optim, temperature  # T: SamplingParams' logprob T
         self.rank, self.world_size = world()
         m = model_cfg  # ddp/fsdp without a process group: prepare_model says how to start one
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        # The ignore: transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), whose type keeps
+        # the unbound `self` as the first parameter.
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)  # type: ignore[arg-type]
         self.config = model.config
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if optim.kl_coef > 0 else None
         self.lora = LoraSettings(r=m.lora_r, alpha=m.lora_alpha) if m.lora_r > 0 else None
@@ -219,8 +224,8 @@ class Learner:
         if self.rank != 0:
             return None
         assert folder is not None and weights is not None
-        if self.shares_weights:
-            self.model.save_pretrained(folder)
+        if self.shares_weights:  # a single-process model without LoRA: the Hugging Face model itself
+            cast("PreTrainedModel", self.model).save_pretrained(folder)
         else:
             from transformers import AutoModelForCausalLM
 
@@ -250,4 +255,4 @@ class Learner:
             set_optimizer_state_dict(self.module, self.optimizer, optim_state_dict=dict(state),
                                      options=StateDictOptions(full_state_dict=True))
         else:
-            self.optimizer.load_state_dict(state)
+            self.optimizer.load_state_dict(dict(state))

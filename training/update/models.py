@@ -8,7 +8,7 @@ needs no adapter support and the push is the same as for full fine-tuning.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,9 @@ from torch import nn
 from trace_gym.errors import ConfigError
 from trace_gym.training.config import Strategy
 from trace_gym.training.update.parallel import world
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -51,8 +54,9 @@ def prepare_model(model: nn.Module, strategy: Strategy = "single", lora: LoraSet
         raise ConfigError(f"expected a process group for strategy {strategy!r}, got none; fix: init_from_env() "
                           "under torchrun, or spawn()")
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        hf = cast("PreTrainedModel", model)  # nn.Module does not declare the Hugging Face methods
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.config.use_cache = False
     if lora is not None:
         from peft import LoraConfig, get_peft_model
 
@@ -105,7 +109,8 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     if is_fsdp(inner):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered: plain tensors, no DTensor
+        state = cast(dict[str, torch.Tensor], get_model_state_dict(inner, options=options))
     else:
         state = {k: v.detach().cpu() for k, v in inner.state_dict().items()} if rank == 0 else {}
     if rank != 0:

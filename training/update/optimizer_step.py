@@ -93,9 +93,10 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Upd
         part = part.to(device)
         # Reduce gradients only after the last micro-batch (the accumulated gradient).
         last = i == len(parts) - 1
-        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-            model.set_requires_gradient_sync(last)
-        sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
+        set_sync, no_sync = getattr(model, "set_requires_gradient_sync", None), getattr(model, "no_sync", None)
+        if set_sync is not None:  # FSDP2
+            set_sync(last)
+        sync = no_sync() if no_sync is not None and not last else contextlib.nullcontext()  # DDP
         with sync, torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
             logprobs, old, adv, mask, ref = _loss_terms(part, model, temperature)
             loss, stats = policy_loss(logprobs, old, adv, mask, clip_low=clip_low, clip_high=clip_high,

@@ -119,7 +119,7 @@ def ray_run(fn: Callable[..., Any], world_size: int, *args: Any, num_gpus_per_ra
         raise ConfigError(f"expected world_size >= 1, got {world_size}")
     backend = backend or ("nccl" if num_gpus_per_rank > 0 else "gloo")
     actor = ray.remote(num_cpus=num_cpus_per_rank, num_gpus=num_gpus_per_rank)(_Rank)
-    ranks = [actor.remote() for _ in range(world_size)]
+    ranks: list[Any] = [actor.remote() for _ in range(world_size)]  # Ray types only @ray.method methods
     try:
         master = ray.get(ranks[0].host.remote(world_size))
         return ray.get([r.run.remote(i, world_size, master, backend, fn, args) for i, r in enumerate(ranks)])

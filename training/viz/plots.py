@@ -149,8 +149,9 @@ def _reliability_points(value: Any) -> list[tuple[float, float, float]]:
             p, t, w = b[0], b[1], b[2]
         else:
             continue
-        if all(isinstance(x, int | float) and math.isfinite(x) for x in (p, t, w)) and w > 0:
-            out.append((float(p), float(t), float(w)))
+        finite = [float(x) for x in (p, t, w) if isinstance(x, int | float) and math.isfinite(x)]
+        if len(finite) == 3 and finite[2] > 0:
+            out.append((finite[0], finite[1], finite[2]))
     return out
 
 

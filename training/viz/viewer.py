@@ -162,7 +162,7 @@ def _tree_data(record: TreeRecord, systems: dict[str, int]) -> dict[str, Any]:
             wins[node.parent] += wins[node.id]
             losses[node.parent] += losses[node.id]
     tools = _tool_names(tree)
-    nodes = []
+    nodes: list[dict[str, Any]] = []
     for node in tree.nodes:
         info = {k: v for k, v in node.info.items() if k not in ("messages", "tools")}
         meta = dict(node.meta)
