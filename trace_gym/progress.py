@@ -3,8 +3,10 @@ draws it: a rich bar on a terminal, plain lines elsewhere (a log file, a pipe, a
 
 A plain line reads ``train 3/10 30% | 0.52 step/s | elapsed 0:05 | eta 0:13 | succ 0.500``. Lines go to
 stderr, so that a command's own output on stdout (a table, ``--json``) stays clean: the first update, then at
-most one every ``interval`` seconds (``$TRACE_GYM_PROGRESS_INTERVAL``, default 10), and the last one. No torch,
-no third-party import but rich, and that only on a terminal.
+most one every ``interval`` seconds (``$TRACE_GYM_PROGRESS_INTERVAL``, default 10), and the last one. While
+nothing is counted (a long step, a slow first episode) a line still comes every ``interval`` seconds, its
+elapsed time growing, so that a log never falls silent while work goes on. No torch, no third-party import but
+rich, and that only on a terminal.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Progress:
         self._lock = threading.Lock()
         self._bar: Any = None
         self._task: Any = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
 
     @property
     def terminal(self) -> bool:
@@ -75,7 +79,21 @@ class Progress:
                                      transient=self.transient, **kwargs)
             self._bar.start()
             self._task = self._bar.add_task(self.label, total=self.total, completed=self.done, info="")
+        elif self.enabled and self.interval > 0:
+            self._beat = threading.Thread(target=self._heartbeat, name=f"progress-{self.label}", daemon=True)
+            self._beat.start()
         return self
+
+    def _heartbeat(self) -> None:
+        """A plain line every ``interval`` seconds in which no update printed one (module docstring)."""
+        def quiet() -> float:  # since the last line, or the start
+            return time.monotonic() - max(self._last_line, self._t0)
+
+        while not self._stop.wait(max(self.interval - quiet(), 0.01)):
+            with self._lock:
+                if quiet() >= self.interval:
+                    self._last_line = time.monotonic()
+                    self._print(self.line())
 
     def update(self, done: int | None = None, total: int | None = None, advance: int = 0, **info: Any) -> None:
         """Set the count (``done``) or add to it (``advance``), and the total and shown values."""
@@ -119,6 +137,9 @@ class Progress:
         self.lines += 1
 
     def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
         if self._bar is not None:
             self._bar.stop()
 

@@ -71,3 +71,24 @@ def test_the_finished_count_is_printed_once():
         bar.update(done=3)
         bar.update(done=3)
     assert len(out.getvalue().splitlines()) == 1
+
+
+def test_a_quiet_stretch_still_gets_a_line_every_interval():
+    """Work that counts nothing for a while (a long step, a slow first episode) is not silence in a log."""
+    import threading
+
+    out, seen = io.StringIO(), threading.Event()
+
+    class Stream(io.StringIO):
+        def write(self, text: str) -> int:
+            out.write(text)
+            if out.getvalue().count("\n") >= 2:
+                seen.set()
+            return len(text)
+
+    with Progress("sft held-out", total=5, unit="episode", interval=0.01, stream=Stream()) as bar:
+        assert seen.wait(60)  # no update yet: the lines are the heartbeat's
+        bar.update(done=5)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("sft held-out 0/5 0% | ") and "elapsed " in lines[0]
+    assert lines[-1].startswith("sft held-out 5/5 100%")

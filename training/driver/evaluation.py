@@ -1,5 +1,6 @@
 """Evaluating a config's model: the model folder a run's config (or checkpoint) names, played on the held-out
-split as the config's ``eval`` section asks."""
+prompts (`evaluate.held_out_tasks` of the env with ``env.eval_kwargs``) as the config's ``eval`` section asks;
+the evaluation itself is `training/rollout/evaluate.py`'s, as for every other command."""
 
 from __future__ import annotations
 
@@ -10,27 +11,30 @@ from trace_gym.agents.policy import SamplingParams
 from trace_gym.errors import ConfigError
 from trace_gym.training.config import TrainConfig
 from trace_gym.training.driver.checkpoint import latest_checkpoint
-from trace_gym.training.rollout.evaluate import EvalResult, evaluate_policy
+from trace_gym.training.rollout.evaluate import HELD_OUT, EvalResult, RowsFile, evaluate_policy, held_out_tasks
 
 
 def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed: int | None = None,
-                    keep_trees: bool = False, progress: Callable[[int, int], None] | None = None) -> EvalResult:
+                    keep_trees: bool = False, progress: Callable[[int, int], None] | None = None,
+                    rows: RowsFile | None = None) -> EvalResult:
     """Evaluate the config's model (the SFT output when SFT is enabled) or a checkpoint's on the held-out split
     (`cfg.eval`: tasks, samples, temperature); ``seed`` defaults to the config's; ``progress`` as in
-    `evaluate_policy`."""
+    `evaluate_policy`; ``rows`` hears each episode as it ends (and gives the kept ones of a resumed run)."""
     import torch
 
     from trace_gym.agents.hf import HFPolicy
-    from trace_gym.env_specs import env_factory, env_tasks
+    from trace_gym.env_specs import env_factory
     from trace_gym.training.driver.builders import resolve_device  # torch
 
     model_path = evaluated_model(cfg, checkpoint)
     make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-    tasks = env_tasks(make_env)[:cfg.eval.tasks]
+    tasks = held_out_tasks(make_env, cfg.eval.tasks)
     policy = HFPolicy.from_pretrained(model_path, device=resolve_device(cfg.model.device), dtype=torch.float32)
     sampling = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
     return evaluate_policy(policy, make_env, tasks, cfg.eval.samples, sampling, cfg.seed if seed is None else seed,
-                           keep_trees, cfg.env.workers, cfg.rollout.max_context, progress=progress)
+                           keep_trees, cfg.env.workers, cfg.rollout.max_context, progress=progress,
+                           kept=rows.kept if rows else (), on_episode=rows.episode if rows else None,
+                           breaker=HELD_OUT.breaker, on_tree=rows.tree if rows else None)
 
 
 def evaluated_model(cfg: TrainConfig, checkpoint: str | Path | None = None) -> Path:

@@ -30,6 +30,7 @@ import torch
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.env_specs import env_factory, env_tasks
 from trace_gym.errors import ConfigError
+from trace_gym.progress import Progress
 from trace_gym.seeds import derive, generator
 from trace_gym import threads
 from trace_gym.tasks import Task
@@ -221,8 +222,12 @@ class Trainer:
         The per-prompt values are kept for the paired gain of the run (`summary`)."""
         if self.eval_collector is None:
             raise ConfigError("expected eval.tasks > 0 to evaluate, got 0; fix: eval.tasks=64")
-        result = evaluate(self.eval_collector, self.eval_tasks, self.cfg.eval.samples,
-                          derive(self.cfg.seed, self.step_count, 3))
+        # Plain lines in a log while the episodes play (on a terminal the step's bar is drawn already).
+        plain = self.console is not None and self.cfg.log.progress and not self.console.is_terminal
+        with Progress("eval episodes", unit="episode", enabled=plain) as bar:
+            result = evaluate(self.eval_collector, self.eval_tasks, self.cfg.eval.samples,
+                              derive(self.cfg.seed, self.step_count, 3),
+                              progress=lambda done, total: bar.update(done=done, total=total))
         by_id = {o.task_id: o for o in result.tasks}
         per_prompt = {"success": [by_id[t.id].success for t in self.eval_tasks],
                       "tool_use": [by_id[t.id].tool_use for t in self.eval_tasks]}

@@ -54,6 +54,7 @@ import gymnasium as gym
 import numpy as np
 
 from trace_gym.agents.policy import Policy, SamplingParams
+from trace_gym.env_mix import EnvMix
 from trace_gym.env_specs import EnvFactory, env_tasks
 from trace_gym.errors import ConfigError, ServerError
 from trace_gym.seeds import derive, generator
@@ -274,8 +275,9 @@ def _mean(values: Sequence[float]) -> float:
 class RowsFile:
     """An evaluation's rows as it goes (choice 2): one JSON line per finished episode (`EpisodeRow.row`), appended
     and flushed as the episode ends, and beside it ``NAME.settings.json``, what was evaluated. ``resume=True``
-    keeps the rows an earlier run wrote (`kept`; a line cut short by a kill is dropped) after checking that its
-    settings are ``settings``; otherwise the file starts empty. ``trees`` (a JSONL file, appended as each task
+    keeps the rows an earlier run wrote (`kept`; a line cut short by a kill is dropped, and so are episodes the
+    infrastructure ended, which play again) after checking that its settings are ``settings``; otherwise the
+    file starts empty. ``trees`` (a JSONL file, appended as each task
     ends): on resume only the episodes of tasks whose tree was written are kept, the others play again."""
 
     def __init__(self, path: Path | None, settings: Mapping[str, Any], resume: bool = False,
@@ -287,8 +289,8 @@ class RowsFile:
         self.settings_path = anchor.with_name(anchor.stem + ".settings.json")
         self.settings = json.loads(json.dumps(dict(settings)))  # as a reread file would hold them
         self.kept: list[EpisodeRow] = []
-        self.written = 0
-        """Finished episodes on file: the kept ones and those appended since."""
+        self.finished = 0
+        """Episodes on file that a resumed run keeps: the kept ones and those the model ended since."""
         if resume:
             self._resume(anchor)
         else:
@@ -297,7 +299,7 @@ class RowsFile:
             for f in (path, trees):
                 if f is not None:
                     f.write_text("")
-        self.written = len(self.kept)
+        self.finished = len(self.kept)
         self._rows = path.open("a") if path is not None else None
         self._trees = trees.open("a") if trees is not None else None
 
@@ -308,13 +310,15 @@ class RowsFile:
         before = json.loads(self.settings_path.read_text())
         changed = [k for k in sorted(set(before) | set(self.settings)) if before.get(k) != self.settings.get(k)]
         if changed:
-            k = changed[0]
+            now = ", ".join(f"{k}={self.settings.get(k)!r}" for k in changed)
+            then = ", ".join(f"{k}={before.get(k)!r}" for k in changed)
             raise ConfigError(f"expected the settings of the run that wrote {str(anchor)!r} to resume it, got "
-                              f"{k}={self.settings.get(k)!r} where it ran with {before.get(k)!r}; fix: rerun with "
-                              "its settings, or drop --resume to start over")
+                              f"{now} where it ran with {then}; fix: rerun with its settings, or drop --resume to "
+                              "start over")
         trees = [RolloutTree.from_json(line) for line in _complete_lines(self.trees)] if self.trees else None
         if self.path is not None:
-            self.kept = [EpisodeRow.from_row(json.loads(line)) for line in _complete_lines(self.path)]
+            rows = [EpisodeRow.from_row(json.loads(line)) for line in _complete_lines(self.path)]
+            self.kept = [e for e in rows if e.scored]
             if trees is not None:
                 finished = {t.task_id for t in trees}
                 self.kept = [e for e in self.kept if e.task_id in finished]
@@ -324,7 +328,7 @@ class RowsFile:
 
     def episode(self, row: EpisodeRow) -> None:
         """Append ``row`` and flush it to the file (`evaluate`'s ``on_episode``)."""
-        self.written += 1
+        self.finished += row.scored
         if self._rows is not None:
             self._rows.write(json.dumps(row.row()) + "\n")
             self._rows.flush()
@@ -512,8 +516,9 @@ def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed
     return result()
 
 
-def eval_collector(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task], evaluation: EvalConfig,
-                   rollout: RolloutConfig, workers: int = 4, tokenizer: Any = None) -> TreeCollector:
+def eval_collector(policy: Policy, make_env: Callable[[], gym.Env] | EnvMix, tasks: Sequence[Task],
+                   evaluation: EvalConfig, rollout: RolloutConfig, workers: int = 4,
+                   tokenizer: Any = None) -> TreeCollector:
     """A collector for held-out evaluation as ``evaluation`` asks (its temperature; the rollout's tokens per turn
     and context; replay snapshots, which cost nothing when no rollout branches)."""
     sampling = SamplingParams(temperature=evaluation.temperature, max_new_tokens=rollout.max_new_tokens)
@@ -545,6 +550,15 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequ
                         breaker, on_tree)
     finally:
         collector.close()
+
+
+def held_out_eval(policy: Policy, make_eval_env: Callable[[], gym.Env], n: int = HELD_OUT.tasks,
+                  sampling: SamplingParams | None = None, seed: int = 0,
+                  progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """``policy`` on the held-out prompts (`held_out_tasks`: the first ``n`` of the eval env), one sample each,
+    with `HELD_OUT`'s sampling unless ``sampling`` is given (`trace-gym sft` before and after)."""
+    return evaluate_policy(policy, make_eval_env, held_out_tasks(make_eval_env, n), 1,
+                           sampling or HELD_OUT.sampling(), seed, progress=progress)
 
 
 def expert_sequences(make_env: Any, tasks: Sequence[Any], tokenizer: Any) -> list[tuple[list[int], list[bool]]]:

@@ -76,8 +76,18 @@ def test_eval_of_a_run_takes_sampling_flags_as_overrides_and_writes_its_outputs(
     lo, hi = summary["success_ci95"]  # one task: Wilson's interval is wide, but it is one
     assert 0.0 <= lo <= summary["success"] <= hi <= 1.0 and hi - lo > 0.5
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert len(rows) == 1 and len(rows[0]["rewards"]) == 3
+    assert [(r["task_id"], r["episode"]) for r in rows] == [(rows[0]["task_id"], k) for k in range(3)]
     assert main(["view", str(out / "trees.jsonl"), "--out", str(tmp_path / "trees.html")]) == 0
+    capsys.readouterr()
+    # the same evaluation resumed plays nothing again; other sampling is refused in one line
+    assert main(["eval", "--checkpoint", str(finished_run), "--tasks", "1", "--samples", "3", "--temperature", "1",
+                 "--out", str(out), "--trees", "--json", "--resume"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 3
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 3
+    assert main(["eval", "--checkpoint", str(finished_run), "--tasks", "2", "--out", str(out), "--trees",
+                 "--resume"]) == 2
+    assert "got samples=1, tasks=2, temperature=0.0 where it ran with samples=3, tasks=1, temperature=1.0" in " ".join(
+        capsys.readouterr().err.split())
 
 
 def test_eval_of_a_run_prints_the_summary_table(finished_run, capsys, monkeypatch):

@@ -25,7 +25,8 @@ def test_expert_episodes_cycle_through_the_tasks_and_spare_the_holdout():
     prompts = [t.prompt for t in env.tasks]
     data = collect_expert_episodes(lambda: CalcEnv("train", n=10, digits=1), 16, seed=3, holdout=4)
     asked = [next(m["content"] for m in ep if m["role"] == "user") for ep in data]
-    assert sorted(asked) == sorted(prompts[(3 + i) % 6] for i in range(16))  # tasks 3..5, 0..5, 0..4; never 6..9
+    # tasks 7..9, 4..9, 4..8: never 0..3, the held-out prompts of an evaluation on the same env
+    assert sorted(asked) == sorted(prompts[4 + (3 + i) % 6] for i in range(16))
 
 
 def test_failed_expert_episodes_are_dropped_unless_asked_for():
@@ -48,7 +49,7 @@ def test_the_expert_solves_every_held_out_task():
     env = CalcEnv("test", n=20)
     result = held_out_eval(ExpertPolicy(env.expert()), lambda: CalcEnv("test", n=20), n=20)
     assert result.success == 1.0 and len(result.tasks) == 20
-    assert {t.task_id for t in result.tasks} == {t.id for t in env.tasks}  # the last 20 = all of them
+    assert [t.task_id for t in result.tasks] == [t.id for t in env.tasks]  # the first 20 = all of them
     assert all(t.stop_reasons == ("answer",) for t in result.tasks)
 
 
@@ -78,6 +79,26 @@ def test_trace_gym_sft_takes_a_module_colon_class_env(tmp_path, capsys):
                  "--eval-episodes", "2", "--env-arg", "n=40"]) == 0
     summary = json.loads((tmp_path / "out" / "sft_summary.json").read_text())
     assert summary["env"] == "tests.agents.calc_env:CalcEnv" and summary["expert_episodes"] == 8
+
+
+@pytest.mark.slow
+def test_trace_gym_sft_evaluates_on_a_held_out_split_and_logs_every_phase(tmp_path, capsys, monkeypatch):
+    """--eval-env-arg names the held-out split (as a run's env.eval_kwargs); each phase (expert episodes, held-out
+    before, SFT steps, held-out after) writes progress lines to the log, not only the end."""
+    from trace_gym.agents.tiny import build_tiny_model
+    from trace_gym.training.cli.main import main
+
+    monkeypatch.setenv("TRACE_GYM_PROGRESS_INTERVAL", "0")
+    model = build_tiny_model(tmp_path / "m", size="nano", seed=0)
+    assert main(["sft", "--model", str(model), "--out", str(tmp_path / "out"), "--env",
+                 "tests.agents.calc_env:CalcEnv", "--env-arg", "n=40", "--eval-env-arg", "split=test", "--episodes",
+                 "8", "--steps", "1", "--batch-size", "4", "--eval-episodes", "3"]) == 0
+    summary = json.loads((tmp_path / "out" / "sft_summary.json").read_text())
+    assert summary["held_out_tasks"] == 3 and summary["held_out_errors"] == 0
+    lines = capsys.readouterr().err.splitlines()
+    for phase in ("expert episodes 8/8", "held-out before 3/3", "sft 1/1", "held-out after 3/3",
+                  "held-out after, T = 1 3/3"):
+        assert any(line.startswith(phase) for line in lines), phase
 
 
 def test_expert_options_reach_the_envs_expert():
