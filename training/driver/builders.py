@@ -13,7 +13,7 @@ import gymnasium as gym
 import torch
 
 from trace_gym.agents.policy import SamplingParams
-from trace_gym.env_mix import env_of
+from trace_gym.env_mix import EnvMix, env_of
 from trace_gym.env_specs import spec_class
 from trace_gym.errors import SetupError
 from trace_gym.limits import HostNeeds, ensure_host
@@ -116,7 +116,7 @@ def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., to
     return CalibratedPredictor(predictor) if p.calibrate else predictor
 
 
-def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env], tasks: Sequence[Task],
+def make_collector(cfg: TrainConfig, policy: Any, make_env: Callable[[], gym.Env] | EnvMix, tasks: Sequence[Task],
                    sampling: SamplingParams, tokenizer: Any, model_path: str) -> Collector:
     """The training collector: in this process on ``policy``, or Ray workers that each build their own policy
     from ``model_path`` (`worker_policy`) and receive the trained weights through `update_weights`. Its trees

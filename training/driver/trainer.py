@@ -130,8 +130,8 @@ class Trainer:
         self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
         self.budget = cfg.alloc.budget
         self.stream: TaskStream | mix.MixedStream = (
-            mix.MixedStream.of(self.mix, cfg.seed, TaskStream) if self.mix else TaskStream(env_tasks(self.make_env),
-                                                                                         cfg.seed))
+            mix.MixedStream.of(self.make_env, cfg.seed, TaskStream) if isinstance(self.make_env, mix.EnvMix)
+            else TaskStream(env_tasks(self.make_env), cfg.seed))
         if isinstance(self.stream, mix.MixedStream):
             self.stream.check_pool(cfg.alloc.pool_size)
         if cfg.alloc.pool_size > len(self.stream.tasks):

@@ -28,6 +28,7 @@ from typing import Any
 import gymnasium as gym
 
 from trace_gym.agents.policy import Policy, SamplingParams
+from trace_gym.env_mix import EnvMix
 from trace_gym.env_specs import EnvFactory
 from trace_gym.errors import TraceGymError
 from trace_gym.experts import Expert
@@ -105,9 +106,10 @@ class _WorkerCollector(TreeCollector):
 class RolloutWorker:
     """One Ray actor: a policy, a pool of envs and the trees placed on it this step."""
 
-    def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
-                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: SnapshotKind = "native",
-                 threads: int = 2, max_context: int = 4096, snapshots: SnapshotPolicy | None = None):
+    def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env] | EnvMix,
+                 tasks: Sequence[Task], sampling: SamplingParams, tokenizer: Any = None,
+                 snapshot_kind: SnapshotKind = "native", threads: int = 2, max_context: int = 4096,
+                 snapshots: SnapshotPolicy | None = None):
         self.policy = make_policy()
         self.collector = _WorkerCollector(self.policy, make_env, tasks, sampling, tokenizer, snapshot_kind,
                                           threads, max_context, snapshots)
@@ -139,9 +141,9 @@ class RayTreeCollector:
     """A `Collector` over Ray actors (see the module docstring). ``make_policy`` and ``make_env`` are called on
     the workers, so they must pickle (module-level functions, `functools.partial`, classes)."""
 
-    def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env], tasks: Sequence[Task],
-                 sampling: SamplingParams, tokenizer: Any = None, snapshot_kind: str = "native",
-                 max_context: int = 4096, ray_config: RayConfig | None = None,
+    def __init__(self, make_policy: Callable[[], Policy], make_env: Callable[[], gym.Env] | EnvMix,
+                 tasks: Sequence[Task], sampling: SamplingParams, tokenizer: Any = None,
+                 snapshot_kind: SnapshotKind = "native", max_context: int = 4096, ray_config: RayConfig | None = None,
                  snapshots: SnapshotPolicy | None = None):
         if sampling.n != 1:
             raise TypeError(f"expected sampling.n == 1 (branches are separate rows), got {sampling.n}")
