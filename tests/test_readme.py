@@ -51,25 +51,33 @@ SKIPPED = {
     ".venv/bin/python benchmarks/allocation.py": "a benchmark (tens of minutes)",
     ".venv/bin/python benchmarks/learning.py": "a benchmark (tens of minutes)",
     "make bench": "the benchmarks (minutes each)",
+    "trace-gym model fetch smollm2-135m --out models/smollm2-135m": "downloads and converts a 540 MB model: make "
+                                                                    "test-real fetches it and runs tests/real",
+    "trace-gym eval --env trace/Arithmetic-v0 --policy models/smollm2-135m --tool-calls native --tasks 20 "
+    "--max-new-tokens 64": "needs the fetched model: tests/real evaluates it with native tool calls (make test-real)",
+    "trace-gym train --config configs/smollm2_arithmetic.yaml": "minutes a step on 2 cores: tests/real runs two "
+                                                                "steps of this config (make test-real)",
 }
 # What a command must leave behind or print, beyond exit status 0.
 CHECKS = {
     "trace-gym model init --out models/tiny --size tiny": lambda p, out: (p / "models/tiny/config.json").is_file(),
     "trace-gym train --resume runs/quickstart/rl": lambda p, out: "is complete" in out,
     "trace-gym eval --checkpoint runs/quickstart/rl": lambda p, out: "success" in out,
-    "trace-gym view runs/quickstart/rl/trees.jsonl --out trees.html": lambda p, out: (p / "trees.html").is_file(),
+    "trace-gym view runs/quickstart/rl/trees.jsonl --out runs/quickstart/rl/trees.html":
+        lambda p, out: (p / "runs/quickstart/rl/trees.html").is_file(),
     "trace-gym eval --env trace/Arithmetic-v0 --policy expert:0.2 --tasks 50 --samples 2":
         lambda p, out: "100 (50 tasks x 2 samples)" in out and "95% interval" in out,
     "trace-gym eval --env trace/Arithmetic-v0 --policy models/tiny --tasks 20 --out results/tiny --trees":
         lambda p, out: all((p / "results/tiny" / f).is_file() for f in ("rows.jsonl", "trees.jsonl", "summary.json")),
-    "trace-gym view results/tiny/trees.jsonl --out tiny.html": lambda p, out: (p / "tiny.html").is_file(),
+    "trace-gym view results/tiny/trees.jsonl --out results/tiny/trees.html":
+        lambda p, out: (p / "results/tiny/trees.html").is_file(),
     "trace-gym rollout --env trace/HotpotQA-v0 --policy expert:0.3 --tasks 20 --branches 3 --out trees/hotpotqa.jsonl":
         lambda p, out: len((p / "trees/hotpotqa.jsonl").read_text().splitlines()) == 20,
     "trace-gym eval --env trace/HotpotQA-v0 --env-arg split=dev --env-arg max_turns=4 --policy expert --tasks 10 "
     "--json": lambda p, out: '"tasks": 10,' in out and '"split": "dev"' in out,
     "trace-gym plot runs/quickstart/rl": lambda p, out: (p / "runs/quickstart/rl/plots/overview.png").is_file(),
-    "trace-gym plot runs/quickstart/rl runs/quickstart/grpo --out plots":
-        lambda p, out: (p / "plots/overview.png").is_file(),
+    "trace-gym plot runs/quickstart/rl runs/quickstart/grpo --out runs/quickstart/plots":
+        lambda p, out: (p / "runs/quickstart/plots/overview.png").is_file(),
 }
 
 
@@ -100,21 +108,34 @@ def test_the_skip_and_shrink_lists_name_only_readme_commands():
     assert set(SKIPPED) <= set(COMMANDS) and set(SHRUNK) <= set(COMMANDS) and set(CHECKS) <= set(COMMANDS)
 
 
+ACTIVATE = ". .venv/bin/activate"
+
+
+def test_the_readme_says_how_its_commands_reach_the_venvs_trace_gym():
+    # A plain shell has no trace-gym on its PATH: the README activates the venv before its first command.
+    first = next(i for i, c in enumerate(COMMANDS) if c.startswith("trace-gym"))
+    assert ACTIVATE in COMMANDS[:first] and ".venv/bin/trace-gym" in README
+
+
 @pytest.fixture(scope="module")
 def shell_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
     """Every README command line, in README order, in one scratch project (the quickstart's training first:
-    the commands before it in the README read its run folder)."""
+    the commands before it in the README read its run folder), each in a shell whose PATH lacks the venv until
+    the README's activation line puts it there, as a new user's shell does."""
     project = tmp_path_factory.mktemp("project")
     shutil.copytree(ROOT / "configs", project / "configs")
     (project / "my_envs.py").write_text(next(b for b in BLOCKS if "class CapitalsEnv" in b))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "COLUMNS": "100"}
+    (project / ".venv").symlink_to(sys.prefix)  # the venv running the tests, where make venv puts it
+    bin_dir = str(Path(sys.executable).parent)
+    plain = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d != bin_dir)
+    env = {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "PATH": plain, "COLUMNS": "100"}
     first = "trace-gym train --config configs/quickstart.yaml"
     results = {}
     for command in sorted(dict.fromkeys(COMMANDS), key=lambda c: c != first):
         if command in SKIPPED:
             continue
         line = f"{command} {SHRUNK[command]}" if command in SHRUNK else command
+        line = line if command == ACTIVATE else f"{ACTIVATE} && {line}"
         results[command] = subprocess.run(["bash", "-c", line], cwd=project, env=env, capture_output=True,
                                           text=True, timeout=900)
         results[command].project = project  # type: ignore[attr-defined]
