@@ -126,9 +126,15 @@ class LineageGroups:
         cannot leave them: the jail has no cgroup file system). None if it cannot be read."""
         if not self.paths:
             return None
-        try:
-            with open(os.path.join(self.paths[0], "cgroup.procs")) as f:
-                return {int(pid) for pid in f.read().split()}
+        try:  # os.read: this is read before and after every cell, and a text file object costs three times more
+            fd = os.open(os.path.join(self.paths[0], "cgroup.procs"), os.O_RDONLY)
+            try:
+                data = b""
+                while chunk := os.read(fd, 65536):
+                    data += chunk
+            finally:
+                os.close(fd)
+            return {int(pid) for pid in data.split()}
         except (OSError, ValueError):
             return None
 

@@ -78,6 +78,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -353,8 +354,8 @@ def _pidfd_pid(fd: int) -> int | None:
 _PF_EXITING = 0x4  # the kernel's flag of a task in exit(): it runs no more code and forks nothing
 
 
-def _task(pid: int) -> tuple[int, bool, int] | None:
-    """(parent, whether it is exiting, threads) of ``pid`` in this process's view, from /proc; None once gone."""
+def _task(pid: int) -> tuple[int, bool] | None:
+    """(parent, whether it is exiting) of ``pid`` in this process's view, from /proc; None once it is gone."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         try:
@@ -362,7 +363,7 @@ def _task(pid: int) -> tuple[int, bool, int] | None:
         finally:
             os.close(fd)
         fields = stat[stat.rfind(b")") + 2:].split()
-        return int(fields[1]), bool(int(fields[6]) & _PF_EXITING), int(fields[17])
+        return int(fields[1]), bool(int(fields[6]) & _PF_EXITING)
     except (OSError, ValueError, IndexError):
         return None
 
@@ -594,13 +595,27 @@ def _spawn_from(frozen: _Frozen, workdir: str, deadline: float) -> tuple[socket.
     return ours, writer[0]
 
 
+@functools.lru_cache(maxsize=256)
+def _message(limits: SandboxLimits) -> dict[str, float]:
+    """``limits`` as sent to a worker (made once per limits: ``asdict`` costs as much as a sweep's file read)."""
+    return asdict(limits)
+
+
+def _threads(pid: int) -> int:
+    """Threads of ``pid`` (the kernel gives /proc/PID/task two links plus one per thread: one stat, no read)."""
+    try:
+        return max(1, os.stat(f"/proc/{pid}/task").st_nlink - 2)
+    except OSError:
+        return 1
+
+
 def _prefork(sock: socket.socket, limits: SandboxLimits) -> bool:
     """Let an idle worker fork the next cell's process now, off that cell's path, and set its ``limits``; True if
     asked. Asked after the sweep that follows a cell (a sweep kills the worker's descendants); not awaited: the
     forked process's word, which says its pid, is read before the next request (a worker that cannot fork now
     says so, and forks at the cell)."""
     try:
-        wire.send(sock, {"op": "prefork", "limits": asdict(limits)}, deadline=time.monotonic() + _EXEC_GRACE_S)
+        wire.send(sock, {"op": "prefork", "limits": _message(limits)}, deadline=time.monotonic() + _EXEC_GRACE_S)
     except OSError:
         return False
     return True
@@ -814,7 +829,7 @@ class PythonSandbox:
         """One cell in the current worker, all of it (reply included) within its timeout + _EXEC_GRACE_S (and by
         ``deadline``); None if the worker is gone, misbehaves or overruns."""
         assert self._sock is not None and self._lineage is not None
-        limits = asdict(self.limits)
+        limits = dict(_message(self.limits))
         now = time.monotonic()
         if deadline is not None:
             limits["timeout_s"] = min(self.limits.timeout_s, deadline - now)
@@ -825,8 +840,7 @@ class PythonSandbox:
             return None
         ahead, self._standby = self._standby, 0  # this cell takes it
         if sweep:  # what the worker started after the last cell's reply goes before this cell runs
-            task = _task(self._pid) if self._pid is not None else None
-            if task is not None and task[2] > 1:
+            if self._pid is not None and _threads(self._pid) > 1:
                 self.close()
                 return CellResult("Crashed: the sandbox's worker was running a thread between cells (a thread may not "
                                   "outlive its cell), so it was ended and the cell was not run; the earlier state will "
