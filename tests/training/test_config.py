@@ -66,6 +66,9 @@ def _leaves(data: dict, prefix: str = "") -> dict:
         if isinstance(v, dict) and v and not prefix.startswith(("env.kwargs", "env.eval_kwargs", "sft.expert")) \
                 and f"{prefix}{k}" not in ("env.kwargs", "env.eval_kwargs", "sft.expert", "ray.init"):
             out |= _leaves(v, f"{prefix}{k}.")
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):  # env.mix: each entry's own keys
+            for i, x in enumerate(v):
+                out |= _leaves(x, f"{prefix}{k}.{i}.")
         else:
             out[f"{prefix}{k}"] = v
     return out
