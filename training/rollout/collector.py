@@ -313,6 +313,8 @@ class TreeCollector:
         wrapper.adopt(tree, {node.id: dataclasses.replace(root, actions=tuple(tree.actions(node.id)))
                              for node in tree if not node.is_terminal})
         state = _Tree(wrapper, task, env, bare=False)
+        if self.tokenizer is not None:
+            state.tools = ToolFormat.for_policy(self.policy, wrapper, self.tokenizer)
         for node_id in sorted(set(nodes)):
             _, info = wrapper.branch(node_id)
             state.messages[node_id] = list(info["messages"])
