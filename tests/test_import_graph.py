@@ -24,17 +24,19 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _top_level_imports(path: Path, modules: Container[str] = ()) -> list[str]:
-    """Modules imported by statements of the module body, under ``if`` (``TYPE_CHECKING``) and ``try`` too, not
-    inside functions or classes (a deferred import is how a module keeps a heavy dependency optional).
-    ``from pkg import sub`` depends on ``pkg.sub`` alone when that is one of ``modules``."""
+def _imports(path: Path, modules: Container[str] = (), lazy: bool = False) -> list[str]:
+    """Modules imported by statements of the module body, under ``if`` (``TYPE_CHECKING``) and ``try`` too, and
+    with ``lazy`` also those inside functions and classes (a deferred import still makes the two modules depend
+    on each other; it only delays the dependency to a call). ``from pkg import sub`` depends on ``pkg.sub``
+    alone when that is one of ``modules``."""
     names: list[str] = []
-    body = list(ast.parse(path.read_text()).body)
-    while body:
-        node = body.pop()
-        if isinstance(node, ast.If | ast.Try):
-            body += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
-                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    tree = ast.parse(path.read_text())
+    nodes: list[ast.stmt] = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)] if lazy else list(tree.body)
+    while nodes:
+        node = nodes.pop()
+        if not lazy and isinstance(node, ast.If | ast.Try):
+            nodes += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                      *(s for h in getattr(node, "handlers", []) for s in h.body)]
         elif isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -46,13 +48,14 @@ def _top_level_imports(path: Path, modules: Container[str] = ()) -> list[str]:
     return names
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(lazy: bool) -> dict[str, set[str]]:
     modules = _modules()
-    return {m: {n for n in _top_level_imports(p, modules) if n in modules and n != m} for m, p in modules.items()}
+    return {m: {n for n in _imports(p, modules, lazy) if n in modules and n != m} for m, p in modules.items()}
 
 
-def test_the_module_graph_has_no_cycle():
-    graph, state, cycles = _graph(), {}, []
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, str] = {}
+    cycles: list[str] = []
 
     def visit(m: str, stack: list[str]) -> None:
         state[m] = "open"
@@ -66,7 +69,20 @@ def test_the_module_graph_has_no_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
-    assert cycles == []
+    return cycles
+
+
+def test_the_module_graph_has_no_cycle_lazy_imports_included():
+    assert _cycles(_graph(lazy=True)) == []
+
+
+def test_the_lazy_graph_sees_an_import_inside_a_function(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import json\n\n\ndef f():\n    from trace_gym.integrations import env_server\n"
+                      "    if True:\n        import trace_gym.tree\n")
+    known = {"trace_gym.integrations.env_server", "trace_gym.tree"}
+    assert _imports(module, known) == ["json"]
+    assert sorted(_imports(module, known, lazy=True)) == ["json", *sorted(known)]
 
 
 # training/ as a stack, bottom first: a module imports (at module level or inside a function) only modules of its

@@ -22,19 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from trace_gym.environments.math.env import make_parser, python_call
+from trace_gym.actions import ActionParser, HermesParser, TagParser
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
+from trace_gym.tools import ToolCall
 
 
 class _Expert:
     def __init__(self, action_format: str = "tags", noise: float = 0.0, seed: int = 0):
         self.action_format, self.noise = action_format, noise
-        self.parser = make_parser(action_format)
+        # the env checked action_format; the experts import no env module (the envs import them)
+        self.parser: ActionParser = HermesParser() if action_format == "hermes" else TagParser()
         self.rng = np.random.default_rng(seed)
 
     def call(self, code: str) -> str:
-        return self.parser.format(python_call(code))
+        return self.parser.format(ToolCall("python", {"code": code}))
 
     def answer(self, text: str) -> str:
         return self.parser.format_answer(text)

@@ -5,12 +5,11 @@ branch through.
 module                 what it gives
 =====================  ==========================================================================================
 ``session``            `EnvSession`: one env played by text turns from outside, snapshots by handle (stdlib)
-``env_server``         ``trace-gym serve``: one env on OpenEnv's protocol, with snapshot, restore and branch
+``env_server``         one env on OpenEnv's protocol, with snapshot, restore and branch (``trace-gym serve``)
 ``serve_guard``        what a request must be (Host, Origin, token, JSON, length) and the connection bounds
 ``serve_sessions``     the server's sessions: unguessable ids, owners, the idle timeout
 ``serve_budget``       the server-wide budget of live sessions and snapshots, derived from the host
 ``serve_payloads``     the request and answer bodies (OpenEnv's shapes)
-``serve_command``      the command line's options (imports no server package)
 ``env_client``         `EnvClient`, the server's Python client (httpx)
 ``skyrl_env``          `TraceGymSkyRLEnv`, a skyrl-gym ``BaseTextEnv`` (id ``trace-gym``), with snapshot/restore
 =====================  ==========================================================================================

@@ -344,8 +344,7 @@ def build_app(spec: str, env_args: Mapping[str, Any] | None, budget: LiveBudget,
                     break
                 text = message.get("text")
                 if text is None:
-                    reply: dict[str, Any] | None = _ws_error("expected a text frame of JSON, got a binary frame",
-                                                             "INVALID_JSON")
+                    reply = _ws_error("expected a text frame of JSON, got a binary frame", "INVALID_JSON")
                 else:
                     reply = await ws_answer(live, text)
                 if reply is None:
@@ -443,8 +442,8 @@ class EnvServer:
         most = host_budget(footprint, limits.max_connections)
         if limits.max_live is not None and limits.max_live > most:
             raise ConfigError(f"expected max_live at most {most} (this host's budget for {env}: "
-                              f"{footprint.processes:g} processes and {int(footprint.memory_bytes) >> 20} MiB each), "
-                              f"got {limits.max_live}; fix: leave it unset or lower")
+                              f"{footprint.processes:g} processes and {footprint.memory_bytes >> 20} MiB each), got "
+                              f"{limits.max_live}; fix: leave it unset or lower")
         self.budget = LiveBudget(limits.max_live if limits.max_live is not None else most)
         self.limits = limits
         self.app = build_app(env, env_args, self.budget, limits)
@@ -500,18 +499,3 @@ class EnvServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m trace_gym.integrations.env_server``: the options of ``trace-gym serve``."""
-    import argparse
-
-    from trace_gym.integrations.serve_command import add_arguments, run
-
-    parser = argparse.ArgumentParser(prog="python -m trace_gym.integrations.env_server",
-                                     description="serve one trace-gym env on OpenEnv's protocol (module docstring)")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

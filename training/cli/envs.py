@@ -1,11 +1,4 @@
-"""``trace-gym envs`` and ``trace-gym rollout``.
-
-``envs`` lists the registered trace ids. ``rollout`` plays any policy (``--policy SPEC``; by default the env's
-scripted expert with noise 0.3) on the env's first ``--tasks`` tasks and continues each task's tree ``--branches``
-times from uniformly chosen visited turns: with a noisy expert the trees have mixed outcomes, which is what
-allocation and tree advantages feed on. It shares its options, its rollouts and its report with
-``trace-gym eval`` (``trace_gym.training.cli.play``); the trees go to ``--out`` as JSONL for ``trace-gym view``.
-"""
+"""``trace-gym envs``: the registered trace ids, their tools and how each is made."""
 
 from __future__ import annotations
 
@@ -48,20 +41,11 @@ def envs_table() -> Table:
     return table
 
 
-def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``command`` ("envs" has none, "rollout") to ``parser``."""
-    if command == "rollout":
-        from trace_gym.training.cli import play as policy_cli
-
-        policy_cli.add_arguments("rollout", parser)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``envs`` has no options."""
 
 
-def run(command: str, args: argparse.Namespace) -> int:
-    """Run ``command``; returns the exit status."""
-    console = Console()
-    if command == "envs":
-        console.print(envs_table())
-        return 0
-    from trace_gym.training.cli import play as policy_cli
-
-    return policy_cli.run("rollout", args, console)
+def run(args: argparse.Namespace) -> int:
+    """Print the table; returns the exit status."""
+    Console().print(envs_table())
+    return 0

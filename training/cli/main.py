@@ -1,5 +1,5 @@
-"""The ``trace-gym`` command. Each subcommand lives in the module that owns it and is imported only when run,
-so ``trace-gym envs`` never imports torch.
+"""The ``trace-gym`` command. Each subcommand COMMAND is the module ``trace_gym.training.cli.COMMAND`` (its
+``add_arguments(parser)`` and ``run(args)``), imported only when run, so ``trace-gym envs`` never imports torch.
 
 A user's mistake (``trace_gym.errors.UserError``: a bad setting, a missing file, a server that is down, a
 missing optional package) is printed as one line, ``error: ...; fix: ...``, with exit status 2; ``--debug``
@@ -18,19 +18,17 @@ from collections.abc import Sequence
 from trace_gym import threads
 from trace_gym.errors import UserError
 
-# command -> (module exposing add_arguments(command, parser) and run(command, args), one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "envs": ("trace_gym.training.cli.envs", "list the registered trace/* environments with their tools and datasets"),
-    "rollout": ("trace_gym.training.cli.envs", "roll out a policy with the tree wrapper and save the trees as JSONL"),
-    "model": ("trace_gym.agents.cli", "build the tiny model (model init --out DIR) or fetch a "
-                                         "pretrained one (model fetch smollm2-135m)"),
-    "sft": ("trace_gym.training.driver.warm_start", "supervised warm start on scripted-expert trajectories"),
-    "train": ("trace_gym.training.cli.train", "train with TRACE or a baseline allocator from a YAML config"),
-    "eval": ("trace_gym.training.cli.train",
-             "evaluate any policy, or a run's checkpoint, on an env (success, 95% interval)"),
-    "view": ("trace_gym.training.cli.views", "write a self-contained HTML page of rollout trees"),
-    "plot": ("trace_gym.training.cli.views", "write PNG plots of a training run's metrics"),
-    "serve": ("trace_gym.training.cli.serve", "serve an env on OpenEnv's protocol, with snapshot, restore and branch"),
+# command -> one-line help; the command's module is trace_gym.training.cli.<command>
+COMMANDS: dict[str, str] = {
+    "envs": "list the registered trace/* environments with their tools and datasets",
+    "rollout": "roll out a policy with the tree wrapper and save the trees as JSONL",
+    "model": "build the tiny embedded model: model init --out DIR",
+    "sft": "supervised warm start on scripted-expert trajectories",
+    "train": "train with TRACE or a baseline allocator from a YAML config",
+    "eval": "evaluate any policy, or a run's checkpoint, on an env (success, 95% interval)",
+    "view": "write a self-contained HTML page of rollout trees",
+    "plot": "write PNG plots of a training run's metrics",
+    "serve": "serve an env on OpenEnv's protocol, with snapshot, restore and branch",
 }
 
 # Optional packages -> the extra that installs them (a missing one is the user's to install, not a bug).
@@ -42,7 +40,7 @@ EXIT_USER_ERROR = 2
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {doc}" for name, (_, doc) in COMMANDS.items()]
+    lines = [f"  {name:<{width}}  {doc}" for name, doc in COMMANDS.items()]
     return "usage: trace-gym COMMAND [options] [--debug]\n\ncommands:\n" + "\n".join(lines) + "\n\n" \
         "Run 'trace-gym COMMAND --help' for a command's options; --debug shows the traceback of an error."
 
@@ -97,11 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torch's thread pool is sized when torch loads: choose it for the cores this process may use first.
     threads.configure()
     try:
-        module = importlib.import_module(COMMANDS[command][0])
-        parser = argparse.ArgumentParser(prog=f"trace-gym {command}", description=COMMANDS[command][1],
+        module = importlib.import_module(f"trace_gym.training.cli.{command}")
+        parser = argparse.ArgumentParser(prog=f"trace-gym {command}", description=COMMANDS[command],
                                          formatter_class=HelpFormatter)
-        module.add_arguments(command, parser)
-        return int(module.run(command, parser.parse_args(rest)) or 0)
+        module.add_arguments(parser)
+        return int(module.run(parser.parse_args(rest)) or 0)
     except UserError as exc:
         if debug:
             raise

@@ -1,15 +1,11 @@
-"""`trace-gym train` and `trace-gym eval` (the dispatcher in training/cli/main.py calls these two functions).
+"""``trace-gym train``: a training run from a YAML config (the dispatcher in training/cli/main.py calls
+`add_arguments` and `run`).
 
     trace-gym train --config configs/quickstart.yaml [key=value ...] [--resume RUN_DIR]
     torchrun --standalone --nproc-per-node 2 -m trace_gym.training.cli train --config ... model.strategy=ddp
     trace-gym train --config ... model.strategy=fsdp --ray-ranks 8 --gpus-per-rank 1     (ranks on Ray)
-    trace-gym eval  --checkpoint RUN_DIR|CKPT_DIR [--config FILE] [key=value ...]
-    trace-gym eval  --config configs/quickstart.yaml [key=value ...]
-    trace-gym eval  --env SPEC [--env-arg KEY=VALUE ...] --policy SPEC [options]     (any policy: cli/play.py)
 
-`eval --checkpoint` reads the run folder's own config.yaml when --config is absent; its sampling flags
-(--tasks, --samples, ...) are overrides of that config. Every form reports through `policy_cli.report`. Resuming
-a run that already reached its `steps` says so and exits 0 (raise `steps=` to train on).
+Resuming a run that already reached its `steps` says so and exits 0 (raise `steps=` to train on).
 """
 
 from __future__ import annotations
@@ -23,46 +19,25 @@ from trace_gym.errors import ConfigError
 from trace_gym.training.config import TrainConfig, load_config
 
 
-def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    """Add the options of `command` ("train" or "eval") to `parser`."""
-    if command not in ("train", "eval"):
-        raise ConfigError(f"expected command 'train' or 'eval', got {command!r}")
-    parser.add_argument("--config", help="YAML config (configs/*.yaml); with --resume, defaults to the run's own"
-                        if command == "train" else "YAML config (configs/*.yaml) whose model to evaluate; with "
-                        "--checkpoint, defaults to the run's own")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config (configs/*.yaml); with --resume, defaults to the run's own")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides parsed as YAML, e.g. optim.lr=1e-4 alloc.allocator=grpo")
-    if command == "train":
-        parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-        parser.add_argument("--ray-ranks", type=int, default=0, metavar="N",
-                            help="run the data-parallel update (model.strategy ddp|fsdp) on N Ray actors")
-        parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="GPUs per Ray rank (with --ray-ranks)")
-    else:
-        from trace_gym.training.cli import play as policy_cli
-
-        parser.add_argument("--checkpoint", metavar="DIR",
-                            help="evaluate this run's last checkpoint (RUN_DIR) or one checkpoint folder")
-        policy_cli.add_arguments("eval", parser)
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("--ray-ranks", type=int, default=0, metavar="N",
+                        help="run the data-parallel update (model.strategy ddp|fsdp) on N Ray actors")
+    parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="GPUs per Ray rank (with --ray-ranks)")
 
 
-def _config(command: str, args: argparse.Namespace) -> TrainConfig:
+def _config(args: argparse.Namespace) -> TrainConfig:
     path = args.config
-    resume = getattr(args, "resume", None)
-    if path is None and resume is not None:
-        path = str(_run_folder(resume) / "config.yaml")
-    checkpoint = getattr(args, "checkpoint", None)
-    if path is None and checkpoint is not None:
-        path = str(_run_config_of(checkpoint))
+    if path is None and args.resume is not None:
+        path = str(_run_folder(args.resume) / "config.yaml")
     if path is None:
-        fix = "trace-gym train --config configs/quickstart.yaml" if command == "train" else \
-            "trace-gym eval --checkpoint RUN_DIR (its own config), trace-gym eval --config configs/quickstart.yaml, " \
-            "or any policy on an env: trace-gym eval --env trace/Arithmetic-v0 --policy expert"
-        what = "--config FILE" if command == "train" else \
-            "what to evaluate (--checkpoint RUN_DIR, --config FILE, or --env SPEC with --policy SPEC)"
-        raise ConfigError(f"expected {what}, got none; fix: {fix}")
+        raise ConfigError("expected --config FILE, got none; fix: trace-gym train --config configs/quickstart.yaml")
     overrides = list(args.overrides or [])
-    if resume is not None and not any(o.startswith("run_dir=") for o in overrides):
-        overrides.append(f"run_dir={resume}")
+    if args.resume is not None and not any(o.startswith("run_dir=") for o in overrides):
+        overrides.append(f"run_dir={args.resume}")
     return load_config(path, overrides)
 
 
@@ -80,17 +55,6 @@ def _run_folder(resume: str) -> Path:
     return run
 
 
-def _run_config_of(checkpoint: str) -> Path:
-    """The config.yaml of the run that `checkpoint` (RUN_DIR or RUN_DIR/checkpoints/step_N) belongs to."""
-    ckpt = Path(checkpoint)
-    for folder in (ckpt, ckpt.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    raise ConfigError(f"expected --checkpoint to be a run folder or one of its checkpoints (with the run's "
-                      f"config.yaml), got {checkpoint!r}; fix: trace-gym eval --checkpoint runs/quickstart/rl, or "
-                      "add --config FILE")
-
-
 def _finished(cfg: TrainConfig, resume: str | None) -> int | None:
     """The step a resumed run already reached, when that is all of its `steps` (None otherwise)."""
     if resume is None:
@@ -99,7 +63,7 @@ def _finished(cfg: TrainConfig, resume: str | None) -> int | None:
     return max(steps) if steps and max(steps) >= cfg.steps else None
 
 
-def _check_env(cfg: TrainConfig) -> None:
+def check_env(cfg: TrainConfig) -> None:
     """Resolve the env and load its training and held-out tasks now: a wrong id or data file then fails in a
     second, before a warm start that can take minutes."""
     from trace_gym.env_specs import env_factory
@@ -113,34 +77,24 @@ def _check_env(cfg: TrainConfig) -> None:
                               "README's CapitalsEnv does")
 
 
-def run(command: str, args: argparse.Namespace) -> int:
-    """Run `command`; returns the process exit code."""
+def run(args: argparse.Namespace) -> int:
+    """Train; returns the process exit code."""
     from rich.console import Console
 
     console = Console()
-    if command == "eval" and (args.env is not None or args.policy is not None):
-        return _eval_policy(args, console)
-    if command == "eval":
-        from trace_gym.training.cli.play import config_overrides
-
-        args.overrides = [*(args.overrides or []), *config_overrides(args)]
-    cfg = _config(command, args)
-    if command == "train" and (done := _finished(cfg, args.resume)) is not None:
+    cfg = _config(args)
+    if (done := _finished(cfg, args.resume)) is not None:
         console.print(f"{args.resume} is complete: {done} of {cfg.steps} steps (results in "
                       f"{Path(args.resume) / 'summary.json'}); to train on, raise steps: "
                       f"trace-gym train --resume {args.resume} steps={cfg.steps + done}")
         return 0
-    _check_env(cfg)
-    if command == "train" and args.ray_ranks:
+    check_env(cfg)
+    if args.ray_ranks:
         from trace_gym.training.driver.launch import ray_train
 
         print_summary(ray_train(cfg, args.ray_ranks, args.resume, gpus_per_rank=args.gpus_per_rank), console)
         return 0
-    if command == "train":
-        return _train(cfg, args.resume, console)
-    if command == "eval":
-        return _eval(cfg, args, console)
-    raise ConfigError(f"expected command 'train' or 'eval', got {command!r}")
+    return _train(cfg, args.resume, console)
 
 
 def _train(cfg: TrainConfig, resume: str | None, console: Any) -> int:
@@ -154,37 +108,6 @@ def _train(cfg: TrainConfig, resume: str | None, console: Any) -> int:
     if trainer.lead:  # under torchrun the other ranks only followed the update
         print_summary(summary, console)
     return 0
-
-
-def _eval(cfg: TrainConfig, args: argparse.Namespace, console: Any) -> int:
-    import time
-
-    from trace_gym.training.cli.play import check_out, progress_bar, report
-    from trace_gym.training.driver.evaluation import evaluate_config, evaluated_model
-
-    out = check_out(args.out, "eval", args.trees)
-    model = evaluated_model(cfg, args.checkpoint)
-    start = time.perf_counter()
-    with progress_bar(console, enabled=not args.json, label="eval") as progress:
-        result = evaluate_config(cfg, args.checkpoint, keep_trees=args.trees, progress=progress)
-    about = {"command": "eval", "env": cfg.env.id, "env_args": {**cfg.env.kwargs, **cfg.env.eval_kwargs},
-             "policy": str(model), "model": str(model), "samples": cfg.eval.samples, "branches": 0,
-             "temperature": cfg.eval.temperature, "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.seed}
-    report(result, about, time.perf_counter() - start, out, console, args.json)
-    return 0
-
-
-def _eval_policy(args: argparse.Namespace, console: Any) -> int:
-    """`eval --env ... --policy ...`: neither a config nor its overrides apply."""
-    from trace_gym.training.cli import play as policy_cli
-
-    given = "--checkpoint" if args.checkpoint else "--config" if args.config else args.overrides[0] \
-        if args.overrides else None
-    if given is not None:
-        raise ConfigError(f"expected either a run (--checkpoint/--config [key=value ...]) or a policy on an env "
-                          f"(--env, --policy), got both ({given}); fix: drop {given}"
-                          + (", and set the env's arguments with --env-arg KEY=VALUE" if "=" in given else ""))
-    return policy_cli.run("eval", args, console)
 
 
 _GAIN_NAMES = {"success": "success", "expert": "expert-probability", "tool_use": "tool-use"}
@@ -204,9 +127,7 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     def fmt(x: Any) -> str:
         return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
-    table = Table(title=f"trace-gym train: {summary['run_dir']}",
-                  caption="held-out figures are sampled draws (eval.temperature); trace-gym eval --checkpoint "
-                          "draws again with its own seed, within these intervals")
+    table = Table(title=f"trace-gym train: {summary['run_dir']}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [

@@ -145,10 +145,10 @@ def expert_sequences(mix: EnvMix, tasks: Sequence[Task], tokenizer: Any) -> list
     return [out[t.id] for t in tasks]
 
 
-def expert_episodes(cfg: TrainConfig, mix: EnvMix) -> list[list[dict[str, Any]]]:
-    """The warm start's expert episodes over the mix (choice 3)."""
-    from trace_gym.training.driver.warm_start import collect_expert_episodes
-
+def expert_episodes(cfg: TrainConfig, mix: EnvMix, collect_expert_episodes: Callable[..., list[list[dict[str, Any]]]]
+                    ) -> list[list[dict[str, Any]]]:
+    """The warm start's expert episodes over the mix (choice 3), each env's collected by
+    ``collect_expert_episodes`` (`warm_start.collect_expert_episodes`, which imports this module)."""
     options = {e.key_name: e.expert for e in cfg.env.mix}
     episodes = []
     for env, n in mix.split(cfg.sft.episodes).items():

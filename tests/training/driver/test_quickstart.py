@@ -18,7 +18,7 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 @pytest.mark.slow
 def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    cli.add_arguments("train", parser)
+    cli.add_arguments(parser)
     args = parser.parse_args([
         "--config", str(QUICKSTART), f"run_dir={tmp_path}/rl", f"model.path={tmp_path}/init", "model.init_size=nano",
         f"sft.output={tmp_path}/sft", "sft.episodes=16", "sft.steps=3", "sft.batch_size=4", "steps=1",
@@ -26,7 +26,7 @@ def test_quickstart_pipeline_writes_a_run_folder_and_table(tmp_path, capsys):
         "eval.tasks=3", "eval.samples=2", "eval.expert=true", "env.kwargs.n_tasks=20", "env.eval_kwargs.n_tasks=4",
         "log.progress=false",
     ])
-    assert cli.run("train", args) == 0
+    assert cli.run(args) == 0
     assert (tmp_path / "sft" / "config.json").is_file() and (tmp_path / "sft" / "sft_log.jsonl").is_file()
     rows = read_metrics(tmp_path / "rl")
     assert [r["step"] for r in rows] == [0, 1] and "eval/success" in rows[0] and "eval/success" in rows[1]

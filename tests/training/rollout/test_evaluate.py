@@ -119,17 +119,17 @@ def test_eval_command_reports_success_with_its_interval(tmp_path, capsys):
 
     from tests.training.parity_env import ENTRY_POINT
     from trace_gym.agents.tiny import build_tiny_model
-    from trace_gym.training.cli import train as cli
+    from trace_gym.training.cli import eval as cli
 
     model = build_tiny_model(tmp_path / "nano", size="nano", seed=0)
     parser = argparse.ArgumentParser()
-    cli.add_arguments("eval", parser)
+    cli.add_arguments(parser)
     config = tmp_path / "eval.yaml"
     config.write_text(f"model: {{path: {model}}}\nenv: {{id: '{ENTRY_POINT}', kwargs: {{n_tasks: 4}}}}\n"
                       "rollout: {max_new_tokens: 4, max_context: 256}\n")
     args = parser.parse_args(["--config", str(config), "--json", "eval.tasks=4", "eval.samples=2",
                               "eval.temperature=1.0"])
-    assert cli.run("eval", args) == 0
+    assert cli.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["tasks"], out["samples"], out["episodes"]) == (4, 2, 8) and out["model"] == str(model)
     lo, hi = out["success_ci95"]

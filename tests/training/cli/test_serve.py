@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from trace_gym.errors import ConfigError
-from trace_gym.integrations.serve_command import add_arguments, env_arguments
+from trace_gym.training.cli.serve import add_arguments, env_arguments
 
 
 def parse(*argv: str) -> argparse.Namespace:

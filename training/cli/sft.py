@@ -1,0 +1,44 @@
+"""``trace-gym sft``: supervised fine-tuning on an env's scripted-expert episodes, evaluated on held-out tasks
+before and after (`trace_gym.training.driver.warm_start.sft_env`); prints the summary as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from trace_gym.agents.sft import SFTSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every option has a help text: the dispatcher's formatter appends its default."""
+    d = SFTSettings()
+    parser.add_argument("--model", required=True, help="model folder to fine-tune (trace-gym model init)")
+    parser.add_argument("--env", default="trace/Arithmetic-v0",
+                        help="env whose scripted expert teaches: an id, module:id or module:Class")
+    parser.add_argument("--episodes", type=int, default=2000, help="expert episodes to collect")
+    parser.add_argument("--out", default=None, help="output folder (default: the model folder, in place)")
+    parser.add_argument("--steps", type=int, default=d.steps, help="optimiser steps")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="episodes per step")
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of batch sampling")
+    parser.add_argument("--noise", type=float, default=0.0, help="expert noise (failed episodes are dropped)")
+    parser.add_argument("--eval-episodes", type=int, default=100, help="held-out tasks to evaluate on")
+    parser.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                        help="a keyword argument of the env, the value read as YAML (n_tasks=500, max_turns=4), as "
+                             "trace-gym eval takes it; repeat for several")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `trace-gym sft`; prints the summary as JSON."""
+    from trace_gym.agents.specs import check_model_folder
+    from trace_gym.env_specs import parse_env_args, resolve_env_spec
+    from trace_gym.training.driver.warm_start import sft_env
+
+    check_model_folder(args.model)
+    resolve_env_spec(args.env)
+    env_kwargs = parse_env_args(args.env_arg or [])
+    settings = SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    summary = sft_env(args.model, args.env, episodes=args.episodes, out_dir=args.out, settings=settings,
+                      eval_episodes=args.eval_episodes, noise=args.noise, env_kwargs=env_kwargs)
+    print(json.dumps(summary, indent=2))
+    return 0
