@@ -501,6 +501,7 @@ def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed
             if on_tree is not None:
                 on_tree(tree)
             collector.release(tid)
+            del trees[tid]  # its rows are all there is to keep of it
         failures[0] = failures[0] + 1 if row.stop_reason == "server_error" else 0
         if breaker and failures[0] >= breaker:
             raise EvalStopped(f"stopped after {failures[0]} episodes in a row ended on a failed request (the last: "

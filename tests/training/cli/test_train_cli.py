@@ -129,3 +129,18 @@ def test_a_redirected_train_prints_progress_lines_during_sft_and_training(tmp_pa
     assert "eta " in sft[0] and "loss " in sft[0] and "elapsed" in train[-1]
     assert "step/s" in train[0] or "s/step" in train[0]  # the rate's unit follows the speed (slow when loaded)
     assert "\x1b[" not in text  # no terminal codes in a log
+
+
+def test_a_runs_log_counts_the_evaluations_episodes_and_the_steps(finished_run, tmp_path):
+    """Run with its stderr in a file (a cluster job's log): plain lines count each held-out evaluation's episodes
+    as they end, and the steps, not only the end of each phase."""
+    result = subprocess.run([sys.executable, "-m", "trace_gym.training.cli", "train", "--config",
+                             str(finished_run / "config.yaml"), f"run_dir={tmp_path / 'run'}", "steps=1",
+                             "log.progress=true"], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, "TRACE_GYM_PROGRESS_INTERVAL": "0"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    evals = [line for line in lines if line.startswith("eval episodes ")]
+    finished = [line.split(" | ")[0] for line in evals if " 2/2 " in line]
+    assert finished == ["eval episodes 2/2 100%"] * 2  # before the first step and after the last
+    assert any(line.startswith("train 1/1 100%") for line in lines)
