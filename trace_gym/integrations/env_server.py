@@ -344,7 +344,8 @@ def build_app(spec: str, env_args: Mapping[str, Any] | None, budget: LiveBudget,
                     break
                 text = message.get("text")
                 if text is None:
-                    reply = _ws_error("expected a text frame of JSON, got a binary frame", "INVALID_JSON")
+                    reply: dict[str, Any] | None = _ws_error("expected a text frame of JSON, got a binary frame",
+                                                             "INVALID_JSON")
                 else:
                     reply = await ws_answer(live, text)
                 if reply is None:
@@ -442,8 +443,8 @@ class EnvServer:
         most = host_budget(footprint, limits.max_connections)
         if limits.max_live is not None and limits.max_live > most:
             raise ConfigError(f"expected max_live at most {most} (this host's budget for {env}: "
-                              f"{footprint.processes:g} processes and {footprint.memory_bytes >> 20} MiB each), got "
-                              f"{limits.max_live}; fix: leave it unset or lower")
+                              f"{footprint.processes:g} processes and {int(footprint.memory_bytes) >> 20} MiB each), "
+                              f"got {limits.max_live}; fix: leave it unset or lower")
         self.budget = LiveBudget(limits.max_live if limits.max_live is not None else most)
         self.limits = limits
         self.app = build_app(env, env_args, self.budget, limits)

@@ -22,7 +22,7 @@ from trace_gym.errors import UserError
 COMMANDS: dict[str, str] = {
     "envs": "list the registered trace/* environments with their tools and datasets",
     "rollout": "roll out a policy with the tree wrapper and save the trees as JSONL",
-    "model": "build the tiny embedded model: model init --out DIR",
+    "model": "build the tiny model (model init --out DIR) or fetch a pretrained one (model fetch smollm2-135m)",
     "sft": "supervised warm start on scripted-expert trajectories",
     "train": "train with TRACE or a baseline allocator from a YAML config",
     "eval": "evaluate any policy, or a run's checkpoint, on an env (success, 95% interval)",

@@ -36,19 +36,21 @@ from typing import TYPE_CHECKING, Any
 from trace_gym.agents.specs import Backend, PolicyOptions, parse_extra_body
 from trace_gym.env_specs import parse_env_args
 from trace_gym.errors import ConfigError, ServerError
+from trace_gym.training.rollout.evaluate import HELD_OUT
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from trace_gym.training.rollout.evaluate import EvalResult, RowsFile
 
-# Sampling flags: their defaults per command. They are None in the parser, so that `eval --checkpoint` can tell
-# a given flag (an override of the run's config, CONFIG_KEYS) from an absent one.
+# Sampling flags: their defaults per command (eval's are the held-out evaluation's, `evaluate.HELD_OUT`). They are
+# None in the parser, so that `eval --checkpoint` can tell a given flag (an override of the run's config,
+# CONFIG_KEYS) from an absent one.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "eval": {"tasks": 100, "samples": 1, "temperature": 0.0, "max_new_tokens": 256, "seed": 0, "workers": 4,
-             "max_context": 4096},
-    "rollout": {"tasks": 20, "samples": 1, "branches": 3, "temperature": 1.0, "max_new_tokens": 256, "seed": 0,
-                "workers": 4, "max_context": 4096},
+    "eval": {"tasks": HELD_OUT.tasks, "samples": HELD_OUT.samples, "temperature": HELD_OUT.temperature,
+             "max_new_tokens": HELD_OUT.max_new_tokens, "seed": 0, "workers": 4, "max_context": HELD_OUT.max_context},
+    "rollout": {"tasks": 20, "samples": 1, "branches": 3, "temperature": 1.0, "max_new_tokens": HELD_OUT.max_new_tokens,
+                "seed": 0, "workers": 4, "max_context": HELD_OUT.max_context},
 }
 CONFIG_KEYS = {"tasks": "eval.tasks", "samples": "eval.samples", "temperature": "eval.temperature",
                "max_new_tokens": "rollout.max_new_tokens", "seed": "seed", "workers": "env.workers",
@@ -57,7 +59,7 @@ CONFIG_KEYS = {"tasks": "eval.tasks", "samples": "eval.samples", "temperature": 
 BACKEND_FLAGS: dict[str, tuple[str, tuple[Backend, ...]]] = {
     "--base-url": ("base_url", ("openai",)), "--model": ("model", ("openai",)),
     "--api-key-env": ("api_key_env", ("openai",)), "--tokenizer": ("tokenizer", ("openai",)),
-    "--server": ("server", ("openai",)), "--tool-calls": ("tool_calls", ("openai",)),
+    "--server": ("server", ("openai",)), "--tool-calls": ("tool_calls", ("openai", "hf", "vllm")),
     "--concurrency": ("concurrency", ("openai",)),
     "--max-retries": ("max_retries", ("openai",)), "--timeout": ("timeout", ("openai",)),
     "--extra-body": ("extra_body", ("openai",)),
@@ -102,7 +104,8 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
                      help="server: 'native' sends the env's tools and reads the answer's tool_calls, a reply "
                           "without them being the final answer (the OpenAI API's form; a hosted model, or vllm serve "
                           "--enable-auto-tool-choice --tool-call-parser hermes); 'text' lets the model write calls "
-                          f"as text (default: {opts.tool_calls})")
+                          "as text (default: native); model folder, vllm: 'native' renders the tools through the chat "
+                          "template and reads Hermes calls, a plain reply being the final answer (default: text)")
     pol.add_argument("--concurrency", type=int, metavar="N",
                      help=f"server: most requests in flight at once (default: {opts.concurrency})")
     pol.add_argument("--max-retries", type=int, metavar="N",
@@ -187,14 +190,6 @@ class PolicyRun:
                 "temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "max_context": self.max_context}
 
-    def files(self) -> tuple[Path | None, Path | None]:
-        """(rows, trees): where the episodes' rows and the trees are written as they finish (module docstring)."""
-        if self.out is None:
-            return None, None
-        if self.out.suffix == ".jsonl":
-            return (None, self.out) if self.command == "rollout" else (self.out, None)
-        return self.out / "rows.jsonl", self.out / "trees.jsonl" if self.keep_trees else None
-
 
 def policy_run(command: str, args: argparse.Namespace) -> PolicyRun:
     """Check ``args`` (parsed by `add_arguments`) and resolve the command's defaults; a wrong flag, spec or
@@ -226,9 +221,6 @@ def policy_run(command: str, args: argparse.Namespace) -> PolicyRun:
     keep_trees = command == "rollout" or bool(getattr(args, "trees", False))
     out = check_out(args.out, command, keep_trees)
     resume = bool(getattr(args, "resume", False))
-    if resume and out is None:
-        raise ConfigError(f"expected --out with --resume (the earlier run's rows are there), got no --out; fix: "
-                          f"trace-gym {command} ... --out DIR --resume")
     return PolicyRun(command, args.env, parse_env_args(args.env_arg or []), args.policy, options, values["tasks"],
                      values["samples"], values.get("branches", 0), values["temperature"], values["max_new_tokens"],
                      values["seed"], values["workers"], values["max_context"], out, keep_trees, args.json, resume)
@@ -288,7 +280,7 @@ def play(run: PolicyRun, progress: Callable[[int, int], None] | None = None, row
     from trace_gym.agents.policy import SamplingParams
     from trace_gym.agents.specs import policy_from_spec
     from trace_gym.env_specs import env_factory
-    from trace_gym.training.rollout.evaluate import HELD_OUT, evaluate_policy
+    from trace_gym.training.rollout.evaluate import evaluate_policy
 
     make_env = env_factory(run.env, run.env_args)
     tasks = make_env.tasks()  # loads (and checks) the data before a model loads
@@ -309,27 +301,14 @@ def run(command: str, args: argparse.Namespace, console: Console | None = None) 
     Ctrl-C and a server gone (the breaker) keep the finished rows and say in one line how to go on."""
     from rich.console import Console
 
-    from trace_gym.training.rollout.evaluate import EvalStopped, RowsFile
-
     console = console or Console()
     plan = policy_run(command, args)
-    rows_path, trees_path = plan.files()
-    rows = RowsFile(rows_path, plan.settings(), plan.resume, trees_path) if plan.out is not None else None
+    rows = open_rows(plan.out, command, plan.keep_trees, plan.settings(), plan.resume)
     start = time.perf_counter()
-    try:
-        with progress_bar(console, enabled=not plan.as_json, label=command) as progress:
-            result = play(plan, progress, rows)
-    except KeyboardInterrupt:
-        if rows is not None:
-            rows.close()
-        print(f"trace-gym {command}: interrupted; {_kept(rows)}", file=sys.stderr)
+    with progress_bar(console, enabled=not plan.as_json, label=command) as progress:
+        result = guarded(command, rows, lambda: play(plan, progress, rows))
+    if result is None:
         return 130
-    except EvalStopped as exc:
-        if rows is not None:
-            rows.close()
-        raise ServerError(f"{exc}; {_kept(rows, 'when the server is back')}") from None
-    if rows is not None:
-        rows.finish(result)
     about = {"command": command, "env": plan.env, "env_args": plan.env_args, "policy": plan.policy,
              "samples": plan.samples, "branches": plan.branches, "temperature": plan.temperature,
              "max_new_tokens": plan.max_new_tokens, "seed": plan.seed}
@@ -342,6 +321,45 @@ def run(command: str, args: argparse.Namespace, console: Console | None = None) 
     return 0
 
 
+def open_rows(out: Path | None, command: str, keep_trees: bool, settings: dict[str, Any], resume: bool
+              ) -> RowsFile | None:
+    """The `RowsFile` an evaluation writes under ``out`` as episodes end (None without ``out``; module
+    docstring: a .jsonl file gets the command's main output, a folder the rows and, when kept, the trees)."""
+    from trace_gym.training.rollout.evaluate import RowsFile
+
+    if out is None:
+        if resume:
+            raise ConfigError(f"expected --out with --resume (the earlier run's rows are there), got no --out; "
+                              f"fix: trace-gym {command} ... --out DIR --resume")
+        return None
+    if out.suffix == ".jsonl":
+        rows, trees = (None, out) if command == "rollout" else (out, None)
+    else:
+        rows, trees = out / "rows.jsonl", out / "trees.jsonl" if keep_trees else None
+    return RowsFile(rows, settings, resume, trees)
+
+
+def guarded(command: str, rows: RowsFile | None, play: Callable[[], EvalResult]) -> EvalResult | None:
+    """``play()``, its rows finished in order when it ends; on Ctrl-C the finished rows stay and one line says
+    how to resume (returns None: exit 130); the breaker's stop is a one-line `ServerError` saying the same."""
+    from trace_gym.training.rollout.evaluate import EvalStopped
+
+    try:
+        result = play()
+    except KeyboardInterrupt:
+        if rows is not None:
+            rows.close()
+        print(f"trace-gym {command}: interrupted; {_kept(rows)}", file=sys.stderr)
+        return None
+    except EvalStopped as exc:
+        if rows is not None:
+            rows.close()
+        raise ServerError(f"{exc}; {_kept(rows, 'when the server is back')}") from None
+    if rows is not None:
+        rows.finish(result)
+    return result
+
+
 def _kept(rows: RowsFile | None, when: str = "to finish the rest") -> str:
     """Where the finished episodes are and how to play the rest (one line's end)."""
     if rows is None:
@@ -350,7 +368,7 @@ def _kept(rows: RowsFile | None, when: str = "to finish the rest") -> str:
     argv = sys.argv[1:]
     again = "trace-gym " + shlex.join([*argv, *([] if "--resume" in argv else ["--resume"])]) if argv else \
         "the same command with --resume"
-    return f"{rows.written} finished episodes kept in {where}; {when}, run {again}"
+    return f"{rows.finished} finished episodes kept in {where}; {when}, run {again}"
 
 
 @contextmanager
@@ -458,6 +476,9 @@ def summary_table(summary: dict[str, Any]) -> Any:
     rows = [("env", f"{summary['env']} {env_args}".strip()), ("policy", summary["policy"]),
             ("episodes", f"{summary['episodes']} ({_count(summary['tasks'], 'task')} x {per_task})"),
             ("success", success_text(summary)),
+            *([("sampled", f"temperature {summary['temperature']:g}, seed {summary['seed']}: the success is one "
+                           "draw; another seed (or a training run's own evaluation) draws again, within the "
+                           "interval")] if summary.get("temperature") else []),
             ("mixed tasks", f"{summary['mixed_tasks']} of {summary['tasks']} (both a success and a failure)"),
             ("mean turns", f"{summary['mean_turns']:.2f}"),
             ("stop reasons", ", ".join(f"{k} {v}" for k, v in summary["stop_reasons"].items()) or "-")]

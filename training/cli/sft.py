@@ -22,7 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of batch sampling")
     parser.add_argument("--noise", type=float, default=0.0, help="expert noise (failed episodes are dropped)")
-    parser.add_argument("--eval-episodes", type=int, default=100, help="held-out tasks to evaluate on")
+    from trace_gym.training.rollout.evaluate import HELD_OUT
+
+    parser.add_argument("--eval-episodes", type=int, default=HELD_OUT.tasks,
+                        help="held-out tasks to evaluate on: the first ones of the env with --eval-env-arg, or of the "
+                             "training env (its expert episodes then leave them out)")
+    parser.add_argument("--eval-env-arg", action="append", metavar="KEY=VALUE",
+                        help="a keyword argument of the env for the held-out tasks only (its own split: split=test, "
+                             "task_seed=1), as a run's env.eval_kwargs; repeat for several")
     parser.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
                         help="a keyword argument of the env, the value read as YAML (n_tasks=500, max_turns=4), as "
                              "trace-gym eval takes it; repeat for several")
@@ -39,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     env_kwargs = parse_env_args(args.env_arg or [])
     settings = SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     summary = sft_env(args.model, args.env, episodes=args.episodes, out_dir=args.out, settings=settings,
-                      eval_episodes=args.eval_episodes, noise=args.noise, env_kwargs=env_kwargs)
+                      eval_episodes=args.eval_episodes, noise=args.noise, env_kwargs=env_kwargs,
+                      eval_env_kwargs=parse_env_args(args.eval_env_arg or []) or None)
     print(json.dumps(summary, indent=2))
     return 0

@@ -127,7 +127,9 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     def fmt(x: Any) -> str:
         return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
-    table = Table(title=f"trace-gym train: {summary['run_dir']}")
+    table = Table(title=f"trace-gym train: {summary['run_dir']}",
+                  caption="held-out figures are sampled draws (eval.temperature); trace-gym eval --checkpoint "
+                          "draws again with its own seed, within these intervals")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
