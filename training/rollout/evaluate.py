@@ -45,6 +45,7 @@ Choices:
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -451,7 +452,7 @@ def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed
         if e.task_id in done and e.episode < per_task:
             done[e.task_id][e.episode] = e
     order = {t.id: i for i, t in enumerate(tasks)}
-    pending = [(t.id, k) for t in tasks for k in range(samples) if k not in done[t.id]]
+    pending = deque((t.id, k) for t in tasks for k in range(samples) if k not in done[t.id])
     # Continuations need their task's bare samples: a task's next one waits until none of its episodes runs.
     branch_left = {t.id: [k for k in range(samples, per_task) if k not in done[t.id]] for t in tasks}
     running: dict[str, int] = {}
@@ -481,7 +482,7 @@ def evaluate(collector: TreeCollector, tasks: Sequence[Task], samples: int, seed
             if left and not running.get(tid) and not any(p[0] == tid for p in pending):
                 starts.append(start(tid, left.pop(0)))
         while pending and active + len(starts) < in_flight:
-            starts.append(start(*pending.pop(0)))
+            starts.append(start(*pending.popleft()))
         return starts
 
     def ended(tid: str, leaf: int, index: int) -> None:
