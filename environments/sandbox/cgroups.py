@@ -130,7 +130,7 @@ class LineageGroups:
             fd = os.open(os.path.join(self.paths[0], "cgroup.procs"), os.O_RDONLY)
             try:
                 data = b""
-                while chunk := os.read(fd, 65536):
+                while chunk := os.read(fd, 1 << 16):  # to the end: the kernel hands a list over a page at a time
                     data += chunk
             finally:
                 os.close(fd)
