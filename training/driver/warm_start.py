@@ -68,7 +68,7 @@ def collect_expert_episodes(make_env: Callable[[], gym.Env], n: int, noise: floa
     return episodes
 
 
-def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env], console: Any = None) -> str:
+def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env] | EnvMix, console: Any = None) -> str:
     """The model folder RL starts from: builds the tiny model when asked and absent, then runs SFT on
     scripted-expert episodes when asked and `sft.output` holds no model yet (over an `EnvMix`: each env's expert,
     `mix.expert_episodes`)."""
