@@ -75,7 +75,11 @@ def _eval(cfg: TrainConfig, args: argparse.Namespace, console: Any) -> int:
 
     out = play.check_out(args.out, "eval", args.trees)
     model = evaluated_model(cfg, args.checkpoint)
-    about = {"command": "eval", "env": cfg.env.id, "env_args": {**cfg.env.kwargs, **cfg.env.eval_kwargs},
+    env, env_args = cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs}
+    if cfg.env.mix:  # several envs: each by its key
+        env = ", ".join(f"{e.key_name}={e.id}" for e in cfg.env.mix)
+        env_args = {e.key_name: {**e.kwargs, **e.eval_kwargs} for e in cfg.env.mix}
+    about = {"command": "eval", "env": env, "env_args": env_args,
              "policy": str(model), "model": str(model), "samples": cfg.eval.samples, "branches": 0,
              "temperature": cfg.eval.temperature, "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.seed}
     rows = play.open_rows(out, "eval", args.trees, {**about, "tasks": cfg.eval.tasks,

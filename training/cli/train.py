@@ -68,10 +68,12 @@ def check_env(cfg: TrainConfig) -> None:
     second, before a warm start that can take minutes."""
     from trace_gym.env_specs import env_factory
 
-    for kwargs in (cfg.env.kwargs, {**cfg.env.kwargs, **cfg.env.eval_kwargs}):
-        factory = env_factory(cfg.env.id, kwargs)
+    envs = [(e.id, e.kwargs, e.eval_kwargs) for e in cfg.env.mix] or [(cfg.env.id, cfg.env.kwargs,
+                                                                       cfg.env.eval_kwargs)]
+    for spec, kwargs in ((s, k) for s, train, held in envs for k in (train, {**train, **held})):
+        factory = env_factory(spec, kwargs)
         if not factory.tasks():  # loads (and checks) the data; an env that is no TextEnv has none
-            name = factory.env_class.__name__ if factory.env_class is not None else cfg.env.id
+            name = factory.env_class.__name__ if factory.env_class is not None else spec
             raise ConfigError(f"expected env.id to name a trace_gym TextEnv (training and evaluation draw "
                               f"prompts from its tasks), got {name}; fix: subclass trace_gym.ToolEnv, as the "
                               "README's CapitalsEnv does")

@@ -23,12 +23,17 @@ def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed
     import torch
 
     from trace_gym.agents.hf import HFPolicy
-    from trace_gym.env_specs import env_factory
+    from trace_gym.env_specs import EnvFactory, env_factory
+    from trace_gym.training.driver import mix
     from trace_gym.training.driver.builders import resolve_device  # torch
 
     model_path = evaluated_model(cfg, checkpoint)
-    make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-    tasks = held_out_tasks(make_env, cfg.eval.tasks)
+    if cfg.env.mix:  # several envs: each env's first eval.tasks held-out prompts (all with 0), as the trainer's
+        make_env: mix.EnvMix | EnvFactory = mix.make_mix(cfg.env, evaluation=True)
+        tasks = [t for ts in make_env.tasks().values() for t in (ts[:cfg.eval.tasks] if cfg.eval.tasks else ts)]
+    else:
+        make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
+        tasks = held_out_tasks(make_env, cfg.eval.tasks)
     policy = HFPolicy.from_pretrained(model_path, device=resolve_device(cfg.model.device), dtype=torch.float32)
     sampling = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
     return evaluate_policy(policy, make_env, tasks, cfg.eval.samples, sampling, cfg.seed if seed is None else seed,

@@ -156,8 +156,23 @@ def test_a_two_env_run_reports_each_env_and_resumes_exactly(tmp_path, nano_dir):
         assert sum(row[f"rollout/{e}/trajectories"] for e in played) == row["rollout/trajectories"]
     # Held-out success over both envs is the mean of the envs' (each holds 2 of the 4 prompts).
     assert rows[0]["eval/success"] == pytest.approx((rows[0]["eval/even/success"] + rows[0]["eval/other/success"]) / 2)
+    # `trace-gym eval --checkpoint` of the run plays each env's held-out prompts on their own env.
+    from trace_gym.training.driver.evaluation import evaluate_config
+
+    result = evaluate_config(mixed_config(tmp_path / "full", nano_dir, steps=2), tmp_path / "full")
+    assert sorted(o.task_id for o in result.tasks) == ["even/p1-0", "even/p1-1", "other/p3-0", "other/p3-1"]
     _run(mixed_config(tmp_path / "part", nano_dir, steps=1))
     _run(mixed_config(tmp_path / "part", nano_dir, steps=2), resume=tmp_path / "part")
     part = read_metrics(tmp_path / "part")
     keep = [k for k in rows[2] if k.startswith(("alloc/", "rollout/", "eval/")) and not k.endswith("_s")]
     assert {k: part[-1][k] for k in keep} == {k: rows[2][k] for k in keep}
+
+
+def test_the_train_command_checks_every_env_of_a_mix_before_the_warm_start(tmp_path):
+    from trace_gym.training.cli.train import check_env
+
+    data = mixed_config(tmp_path, tmp_path).to_dict()
+    check_env(TrainConfig.from_dict(data))
+    data["env"]["mix"][1]["eval_kwargs"] = {"n_tasks": 0}  # the second env's held-out split is empty
+    with pytest.raises(ConfigError, match="empty dataset"):
+        check_env(TrainConfig.from_dict(data))
