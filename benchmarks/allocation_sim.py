@@ -20,7 +20,8 @@ from _common import mean_ci, pyplot
 
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import StagedAllocator, make_allocator
-from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix, ReplayPredictor
+from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix
+from trace_gym.training.allocation.predictor_wrappers import ReplayPredictor
 from trace_gym.training.config import ALLOCATORS, StepBudget
 from trace_gym.training.simulation import TERRAIN, SimCollector, make_tasks, value_at
 from trace_gym.training.step import take_step

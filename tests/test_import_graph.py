@@ -92,7 +92,7 @@ TRAINING_LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "stats"),
     ("allocation", "rollout", "update"),
     ("step", "viz"),
-    ("simulation", "driver"),
+    ("simulation", "driver", "variants"),
     ("cli", "integrations"),
 )
 

@@ -32,7 +32,7 @@ from trace_gym.errors import ConfigError, nearest
 AllocatorName = Literal["trace", "grpo", "pcl", "treepo", "uniform_uniform", "uniform_active", "active_uniform",
                         "active_active", "oracle", "trace_adaptive", "trace_root", "trace_refund", "trace_plus",
                         "trace_root_uniform"]
-"""`alloc.allocator`: training/allocation/allocators.py builds each."""
+"""`alloc.allocator`: training/allocation/allocators.py builds each (the TRACE variants: training/variants.py)."""
 ALLOCATORS: tuple[str, ...] = get_args(AllocatorName)
 
 AdvantageMethod = Literal["grpo", "tree_grpo", "tree_value"]
@@ -298,14 +298,14 @@ class PredictorConfig(Section):
     """Fit on the examples of the last this-many steps together (0: this step's only)."""
     prior_strength: float = Field(0.0, ge=0)
     """> 0: value a revisited prompt by its own past outcomes, the shared prediction a prior worth this many
-    rollouts (training/allocation/predictor.py, PromptPosterior); 0: off."""
+    rollouts (training/allocation/predictor_wrappers.py, PromptPosterior); 0: off."""
     target: PredictorTarget = "leaves"
     """A prefix's fit target: ``leaves``, the mean leaf reward below it (the paper's bottom-up average), or
     ``children``, the mean of its children's targets, so that continuations spent deeper in a subtree count once
     at its ancestors."""
     calibrate: bool = False
     """Recalibrate the predictions online (per depth class, on the last steps' out-of-sample predictions:
-    predictor.py, CalibratedPredictor)."""
+    predictor_wrappers.py, CalibratedPredictor)."""
 
 
 class OptimConfig(Section):

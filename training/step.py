@@ -20,10 +20,9 @@ Choices where the paper is silent:
 4. Nodes with zero advantage are left out of the update when asked (``skip_zero``): they add no policy
    gradient, and the token-level normaliser then counts only the trained nodes' tokens. Each node is trained
    once, with its own prefix as context.
-5. An allocator with ``refund`` exchanges stage-2 continuations for root rollouts on prompts stage 1 left out
-   (`stages.refund_plan`); those run as bare rollouts after the continuations, sampled with
-   ``derive(seed, step, 4)``, and join the step's root allocation. Each step logs its anchors' realised and
-   expected flips (`stages.flip_metrics`).
+5. Stage 2 and its continuations are `expand`; an allocator that brings its own (`OwnExpansion`: the TRACE
+   variants of training/variants.py) runs that in its place. Each step logs its anchors' realised and expected
+   flips (`stages.flip_metrics`).
 
 The viewer's annotation schema, written here from the stages' records: keys of ``node.meta`` that
 ``viz/viewer.py`` reads (and nothing else writes):
@@ -39,6 +38,7 @@ Other keys (written by a user's own code) the viewer lists as they are.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,13 +54,12 @@ from trace_gym.training.allocation.metrics import tree_metrics
 from trace_gym.training.allocation.predictor import Predictor, Prefix
 from trace_gym.training.allocation.stages import (
     ContinuationPlan,
-    Refund,
     RootAllocation,
+    ValueFn,
     allocate_roots,
     fit_predictor,
     flip_metrics,
     plan_continuations,
-    refund_plan,
 )
 from trace_gym.training.config import AdvantageMethod, StepBudget
 from trace_gym.training.rollout.collector import Collector, CollectStats, context_ids
@@ -113,6 +112,35 @@ class StepSamples:
     advantages: dict[str, dict[int, float]]
 
 
+@dataclass(frozen=True)
+class Expansion:
+    """Stage 2 after it ran: the root allocation (stage 1's, with any roots stage 2 added), the plan, the work of
+    its collector calls, each tree's size before them (``first_new``, for `flip_metrics`) and its own metrics."""
+
+    roots: RootAllocation
+    plan: ContinuationPlan
+    stats: CollectStats
+    first_new: dict[str, int]
+    metrics: dict[str, float]
+
+
+def expand(allocator: Allocator, collector: Collector, values: ValueFn, roots: RootAllocation, budget: StepBudget,
+           rng: np.random.Generator, *, seed: int, step: int) -> Expansion:
+    """The paper's stage 2: plan continuations over the open prefixes of the bare trees and run them."""
+    plan = plan_continuations(allocator, values, collector.trees, roots, budget, rng)
+    first_new = {tid: len(tree) for tid, tree in collector.trees.items()}
+    stats = collector.continuations(plan.counts(), seed=derive(seed, step, 1))
+    return Expansion(roots, plan, stats, first_new, {})
+
+
+@runtime_checkable
+class OwnExpansion(Protocol):
+    """An allocator with its own stage 2, run in place of `expand` (choice 5)."""
+
+    def expand(self, collector: Collector, values: ValueFn, roots: RootAllocation, budget: StepBudget,
+               rng: np.random.Generator, *, seed: int, step: int) -> Expansion: ...
+
+
 @dataclass
 class StepResult:
     """What a step collected: its trees (task id -> tree, annotated), the stages' records, work and metrics."""
@@ -145,22 +173,17 @@ def take_step(collector: Collector, allocator: Allocator, predictor: Predictor, 
     collector.begin_step()
     with timer("rollout"):
         stats = collector.bare_rollouts(roots.counts, seed=derive(seed, step, 0))
-    with timer("expand"):
-        plan = plan_continuations(allocator, values, collector.trees, roots, budget, rng)
-        refund = Refund({}, 0.0, 0.0)
-        if allocator.refund:  # choice 5
-            plan, refund = refund_plan(plan, roots, allocator.cap)
-        first_new = {tid: len(tree) for tid, tree in collector.trees.items()}
-        stats += collector.continuations(plan.counts(), seed=derive(seed, step, 1))
-        if refund.counts:
-            stats += collector.bare_rollouts(refund.counts, seed=derive(seed, step, 4))
-            roots = RootAllocation(roots.task_ids, roots.values, {**roots.counts, **refund.counts})
+    with timer("expand"):  # choice 5
+        run = allocator.expand if isinstance(allocator, OwnExpansion) else functools.partial(expand, allocator)
+        expansion = run(collector, values, roots, budget, rng, seed=seed, step=step)
+    roots, plan = expansion.roots, expansion.plan
+    stats += expansion.stats
     trees = collector.trees
     samples = build_samples(trees, advantage, skip_zero)
-    metrics: dict[str, Any] = {**roots.metrics(), **plan.metrics(), **refund.metrics(), **stats.metrics("rollout/"),
-                               "alloc/budget": float(stats.trajectories)}
+    metrics: dict[str, Any] = {**roots.metrics(), **plan.metrics(), **expansion.metrics,
+                               **stats.metrics("rollout/"), "alloc/budget": float(stats.trajectories)}
     metrics.update(tree_metrics(list(trees.values()), [samples.advantages[tid] for tid in trees]))
-    metrics.update(flip_metrics(trees, plan, first_new))
+    metrics.update(flip_metrics(trees, plan, expansion.first_new))
     # Before the fit (choice 3): an allocator that learns from outcomes sees this step's trees by pool index.
     metrics.update(allocator.observe({i: trees[t.id] for i, t in enumerate(pool) if t.id in trees}))
     with timer("predictor"):

@@ -29,13 +29,8 @@ from _study import STUDY_RUNS
 
 from trace_gym.training.allocation.allocators import AdaptiveAllocator, mixed_share
 from trace_gym.training.allocation.metrics import brier, rank_correlation
-from trace_gym.training.allocation.predictor import (
-    FeaturePredictor,
-    Prefix,
-    PromptPosterior,
-    ReplayPredictor,
-    training_examples,
-)
+from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix, training_examples
+from trace_gym.training.allocation.predictor_wrappers import PromptPosterior, ReplayPredictor
 from trace_gym.training.allocation.solvers import solve_roots
 from trace_gym.training.config import StepBudget
 from trace_gym.tree import RolloutTree

@@ -16,20 +16,14 @@ Deviations and choices where the paper is silent:
 6. ``oracle`` is ``trace`` fed true success probabilities by the caller (simulation only).
 7. ``trace_adaptive`` (not in the paper) splits the root budget between trace's active roots and uniform
    groups by a trust weight it measures online (``AdaptiveAllocator``); ``trace`` stays the paper's.
-8. Two stage-2 changes, not in the paper, each under its own name (``trace`` is unchanged):
-   - ``root_anchor`` (``trace_root``): a prompt whose bare rollouts all agree offers its root as one more
-     anchor, scored by the same 1 - q^k with the root's prediction and the agreed reward. In a task decided
-     at turn 1 every open prefix lies past the decision, while a fresh rollout from the root can still flip.
-   - ``refund`` (``trace_refund``): after stage 2, continuations are handed back to stage 1 in pairs, from the
-     smallest marginal gain q^k(1 - q) up, while a pair of root rollouts on prompts of the pool that stage 1
-     left out would add more expected mixed groups (`stages.refund_plan`): the paper's solver spends its whole
-     budget even where every gain is ~0.
-   ``trace_plus`` has both; ``trace_root_uniform`` is ``trace_root`` with uniform prefixes over the same
-   anchors, the prefix ablation of ``trace_root`` at the same roots.
+8. The TRACE variants that change stage 2 (``trace_root``, ``trace_refund``, ``trace_plus``,
+   ``trace_root_uniform``: root anchors, a refund to stage 1) live in training/variants.py, each registered here
+   by name (`make_allocator`).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,12 +56,6 @@ class Allocator(Protocol):
 
     @property
     def needs_prefix_values(self) -> bool: ...
-    root_anchor: bool
-    """Stage 2 may continue from the root of a prompt whose bare rollouts agree (deviation 8)."""
-    refund: bool
-    """Stage 2 hands continuations without enough expected gain back to stage 1 (deviation 8)."""
-    cap: int
-    """Most rollouts per prompt for active roots (the refund's root stage too)."""
 
     def root_budget(self, budget: StepBudget) -> int: ...
 
@@ -102,15 +90,10 @@ class StagedAllocator:
     oracle: bool = False
     group_size: int = 8  # G: rollouts per prompt for uniform and pcl roots
     cap: int = 16  # most rollouts per prompt for active roots
-    root_anchor: bool = False  # deviation 8
-    refund: bool = False  # deviation 8
 
     def __post_init__(self) -> None:
         if self.group_size < 2 or self.cap < 2:
             raise ConfigError(f"expected group_size >= 2 and cap >= 2, got {self.group_size}, {self.cap}")
-        if self.refund and not (self.roots == "active" and self.prefixes == "active"):
-            raise ConfigError(f"expected active roots and prefixes for a refund, got {self.roots}/{self.prefixes}: "
-                              "the refund compares both stages' predicted gains")
 
     @property
     def needs_root_values(self) -> bool:
@@ -218,8 +201,6 @@ class AdaptiveAllocator:
     oracle = False
     needs_root_values = True
     needs_prefix_values = True
-    root_anchor = False
-    refund = False
 
     def __init__(self, name: str = "trace_adaptive", group_size: int = 8, cap: int = 16, window: int = 128,
                  min_records: int = 16, max_trust: float | None = None):
@@ -338,29 +319,33 @@ def expand_counts(allocator: Allocator, rewards: np.ndarray, values: np.ndarray,
     return allocator.allocate_prefixes(rewards, values, budget, rng), 0
 
 
-# name -> (roots, prefixes, oracle, root_anchor, refund): every AllocatorName but trace_adaptive
-_MODES: dict[str, tuple[RootMode, PrefixMode, bool, bool, bool]] = {
-    "trace": ("active", "active", False, False, False),
-    "grpo": ("uniform", "none", False, False, False),
-    "pcl": ("pcl", "none", False, False, False),
-    "treepo": ("uniform", "uniform", False, False, False),
-    "uniform_uniform": ("uniform", "uniform", False, False, False),
-    "uniform_active": ("uniform", "active", False, False, False),
-    "active_uniform": ("active", "uniform", False, False, False),
-    "active_active": ("active", "active", False, False, False),
-    "oracle": ("active", "active", True, False, False),
-    "trace_root": ("active", "active", False, True, False),
-    "trace_refund": ("active", "active", False, False, True),
-    "trace_plus": ("active", "active", False, True, True),
-    "trace_root_uniform": ("active", "uniform", False, True, False),
+# name -> (roots, prefixes, oracle): the paper's method, its baselines and the ablations of its two stages
+_MODES: dict[str, tuple[RootMode, PrefixMode, bool]] = {
+    "trace": ("active", "active", False),
+    "grpo": ("uniform", "none", False),
+    "pcl": ("pcl", "none", False),
+    "treepo": ("uniform", "uniform", False),
+    "uniform_uniform": ("uniform", "uniform", False),
+    "uniform_active": ("uniform", "active", False),
+    "active_uniform": ("active", "uniform", False),
+    "active_active": ("active", "active", False),
+    "oracle": ("active", "active", True),
 }
+
+# name -> the module whose ``make_variant(name, group_size, cap)`` builds it (imported when one is asked for):
+# allocators not in the paper, registered here by name and kept in their own module.
+VARIANTS: dict[str, str] = dict.fromkeys(("trace_root", "trace_refund", "trace_plus", "trace_root_uniform"),
+                                         "trace_gym.training.variants")
 
 
 def make_allocator(name: str, group_size: int = 8, cap: int = 16) -> StagedAllocator | AdaptiveAllocator:
     """A named allocator: one of ``ALLOCATORS`` (a fresh one: ``trace_adaptive`` keeps state across steps)."""
     if name == "trace_adaptive":
         return AdaptiveAllocator(name, group_size, cap)
+    if name in VARIANTS:
+        made: StagedAllocator = importlib.import_module(VARIANTS[name]).make_variant(name, group_size, cap)
+        return made
     if name not in _MODES:
         raise ConfigError(f"expected an allocator in {ALLOCATORS}, got {name!r}")
-    roots, prefixes, oracle, root_anchor, refund = _MODES[name]
-    return StagedAllocator(name, roots, prefixes, oracle, group_size, cap, root_anchor, refund)
+    roots, prefixes, oracle = _MODES[name]
+    return StagedAllocator(name, roots, prefixes, oracle, group_size, cap)

@@ -17,25 +17,15 @@ Deviations and choices where the paper is silent:
    measured the simulation's effective ratio under trace at 0.63 with lr 0.05 and 0.82 with lr 0.01.
 4. The hidden-state predictor is a LayerNorm + linear head on the policy's final hidden state at the
    prefix's last token, read without gradient into the policy (the head never changes the policy).
-5. Two optional wrappers (`with_memory`, off by default): ``ReplayPredictor`` fits its inner predictor on the
-   last ``replay`` fits' examples together, and ``PromptPosterior`` values a prompt it has seen (the root
-   prefix only) by a Beta posterior: the shared prediction v as a prior worth ``strength`` rollouts, updated by
-   the prompt's own past outcomes (s successes of n): (strength·v + s) / (strength + n). RL revisits prompts
-   every epoch, and no shared feature knows a prompt's own difficulty as well as its own past groups. On
-   Arithmetic level 2 (docs/learning.md) both moved trace's root stage up by about as much as the seeds'
-   spread, so they are not the default.
+5. The predictor wrappers (replay of past fits, a per-prompt posterior, online recalibration) are
+   training/allocation/predictor_wrappers.py's; the run's config chooses them (`predictor.replay`,
+   `predictor.prior_strength`, `predictor.calibrate`).
 6. Targets (`training_examples`): ``leaves`` is the paper's V̂, the mean leaf reward below a node, weighted by
    the leaf count. Continuations are chosen where an outcome looked likely to flip, so at an ancestor of an
    expanded prefix they outnumber the other branches and pull its target towards the surprising outcome.
    ``children`` (opt-in) averages a node's children's targets instead, each child once (a child is one draw of
    the policy from the node), weighted by the number of children: an expanded subtree then counts once at
    its ancestors.
-7. ``CalibratedPredictor`` (opt-in, ``predictor.calibrate``) recalibrates its inner predictor online: before
-   each fit it records the inner predictions on the fresh examples (out of sample) with their targets, and
-   maps predictions through a logistic recalibration sigmoid(a·logit + b) per depth class (roots; prefixes of
-   depth >= 1), fitted by Newton's method on the last ``window`` steps' records, with a ridge towards the
-   identity. Stage 2 reads prefix values where one class's miscalibration decides every 1 - q^k, and the
-   text features alone give prefixes and roots one shared scale.
 """
 
 from __future__ import annotations
@@ -129,7 +119,8 @@ def training_examples(trees: Sequence[Any], target: str = "leaves") -> tuple[lis
     return prefixes, np.array(targets), np.array(weights)
 
 
-def _check_fit_inputs(prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> None:
+def check_fit_inputs(prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> None:
+    """A fit's inputs as the `Predictor` contract has them (one length; targets in [0, 1], weights >= 0)."""
     if len(prefixes) != len(targets) or len(targets) != len(weights):
         raise ValueError(f"expected prefixes, targets and weights of one length, got {len(prefixes)}, "
                           f"{len(targets)}, {len(weights)}")
@@ -137,7 +128,8 @@ def _check_fit_inputs(prefixes: Sequence[Prefix], targets: np.ndarray, weights: 
         raise ValueError("expected targets in [0, 1] and weights >= 0; fix: pass V̂ and leaf counts")
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function, clipped where exp would overflow."""
     return 1.0 / (1.0 + np.exp(-np.clip(x, -40.0, 40.0)))
 
 
@@ -210,21 +202,21 @@ class FeaturePredictor:
 
     def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         rows, cols, vals = self._design(prefixes)
-        return _sigmoid(self._logits(len(prefixes), rows, cols, vals))
+        return sigmoid(self._logits(len(prefixes), rows, cols, vals))
 
     def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
         t = np.asarray(targets, dtype=np.float64)
         w = np.asarray(weights, dtype=np.float64)
-        _check_fit_inputs(prefixes, t, w)
+        check_fit_inputs(prefixes, t, w)
         n = len(prefixes)
         if n == 0 or w.sum() == 0:
             return {"predictor/examples": float(n)}
         rows, cols, vals = self._design(prefixes)
         wn = w / w.sum()
-        before = _soft_bce(_sigmoid(self._logits(n, rows, cols, vals)), t, w)
+        before = _soft_bce(sigmoid(self._logits(n, rows, cols, vals)), t, w)
         b1, b2 = 0.9, 0.999
         for _ in range(self.steps):
-            p = _sigmoid(self._logits(n, rows, cols, vals))
+            p = sigmoid(self._logits(n, rows, cols, vals))
             g_logit = wn * (p - t)  # d(weighted mean BCE)/d logit
             grad = np.bincount(cols, weights=g_logit[rows] * vals, minlength=self.dim) + self.l2 * self.w
             self._t += 1
@@ -233,7 +225,7 @@ class FeaturePredictor:
             m_hat = self._m / (1 - b1**self._t)
             v_hat = self._v / (1 - b2**self._t)
             self.w -= self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
-        after = _soft_bce(_sigmoid(self._logits(n, rows, cols, vals)), t, w)
+        after = _soft_bce(sigmoid(self._logits(n, rows, cols, vals)), t, w)
         return {"predictor/examples": float(n), "predictor/loss_before": before, "predictor/loss_after": after}
 
     def state_dict(self) -> dict[str, Any]:
@@ -304,7 +296,7 @@ class HiddenStatePredictor:
 
         t_np = np.asarray(targets, dtype=np.float64)
         w_np = np.asarray(weights, dtype=np.float64)
-        _check_fit_inputs(prefixes, t_np, w_np)
+        check_fit_inputs(prefixes, t_np, w_np)
         if len(prefixes) == 0 or w_np.sum() == 0:
             return {"predictor/examples": float(len(prefixes))}
         h = self._hidden(prefixes)
@@ -329,148 +321,3 @@ class HiddenStatePredictor:
             raise ConfigError(f"expected a HiddenStatePredictor state, got kind {state.get('kind')!r}")
         self.head.load_state_dict(state["head"])
         self.opt.load_state_dict(state["opt"])
-
-
-class ReplayPredictor:
-    """Fits ``inner`` on the examples of the last ``keep`` fits together (deviation 5)."""
-
-    def __init__(self, inner: Any, keep: int):
-        if keep < 1:
-            raise ConfigError(f"expected a replay of at least 1 fit, got {keep}")
-        self.inner, self.keep = inner, keep
-        self.buffer: list[tuple[list[Prefix], np.ndarray, np.ndarray]] = []
-
-    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
-        return self.inner.predict(prefixes)
-
-    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
-        _check_fit_inputs(prefixes, np.asarray(targets, float), np.asarray(weights, float))
-        self.buffer = [*self.buffer, (list(prefixes), np.asarray(targets, float), np.asarray(weights, float))]
-        self.buffer = self.buffer[-self.keep:]
-        out = self.inner.fit([p for b in self.buffer for p in b[0]], np.concatenate([b[1] for b in self.buffer]),
-                             np.concatenate([b[2] for b in self.buffer]))
-        return {**out, "predictor/replay_examples": float(sum(len(b[0]) for b in self.buffer))}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "replay", "inner": self.inner.state_dict(), "buffer": list(self.buffer)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "replay":
-            raise ConfigError(f"expected a ReplayPredictor state, got kind {state.get('kind')!r}")
-        self.inner.load_state_dict(state["inner"])
-        self.buffer = list(state["buffer"])
-
-
-class PromptPosterior:
-    """Root values from each prompt's own past outcomes, shrunk toward ``inner``'s shared prediction
-    (deviation 5); deeper prefixes are ``inner``'s alone."""
-
-    def __init__(self, inner: Any, strength: float = 4.0):
-        if strength <= 0:
-            raise ConfigError(f"expected a prior strength > 0 (rollouts), got {strength}")
-        self.inner, self.strength = inner, strength
-        self.counts: dict[str, tuple[float, float]] = {}  # task id -> (successes, rollouts) at the root
-
-    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
-        v = np.asarray(self.inner.predict(prefixes), dtype=np.float64)
-        out = v.copy()
-        for i, p in enumerate(prefixes):
-            if p.depth == 0 and p.task_id in self.counts:
-                s, n = self.counts[p.task_id]
-                out[i] = (self.strength * v[i] + s) / (self.strength + n)
-        return out
-
-    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
-        t, w = np.asarray(targets, float), np.asarray(weights, float)
-        _check_fit_inputs(prefixes, t, w)
-        for p, ti, wi in zip(prefixes, t, w):
-            if p.depth == 0:  # the root's target is the mean over its wi leaves
-                s, n = self.counts.get(p.task_id, (0.0, 0.0))
-                self.counts[p.task_id] = (s + ti * wi, n + wi)
-        return {**self.inner.fit(prefixes, t, w), "predictor/prompts_seen": float(len(self.counts))}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "posterior", "inner": self.inner.state_dict(), "counts": dict(self.counts)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "posterior":
-            raise ConfigError(f"expected a PromptPosterior state, got kind {state.get('kind')!r}")
-        self.inner.load_state_dict(state["inner"])
-        self.counts = {k: (float(s), float(n)) for k, (s, n) in state["counts"].items()}
-
-
-class CalibratedPredictor:
-    """``inner``'s predictions through an online logistic recalibration per depth class (deviation 7)."""
-
-    CLASSES = ("root", "prefix")
-
-    def __init__(self, inner: Any, window: int = 8, ridge: float = 1.0, iterations: int = 25):
-        if window < 1 or ridge < 0 or iterations < 1:
-            raise ConfigError(f"expected window >= 1, ridge >= 0 and iterations >= 1, got {window}, {ridge}, "
-                              f"{iterations}")
-        self.inner, self.window, self.ridge, self.iterations = inner, window, ridge, iterations
-        self.params = {c: (1.0, 0.0) for c in self.CLASSES}  # (a, b): the identity until records exist
-        self.records: list[dict[str, np.ndarray]] = []  # per fit: logit, target, weight, is_prefix
-
-    @staticmethod
-    def _logit(p: np.ndarray) -> np.ndarray:
-        p = np.clip(np.asarray(p, dtype=np.float64), 1e-6, 1 - 1e-6)
-        return np.log(p) - np.log1p(-p)
-
-    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
-        z = self._logit(self.inner.predict(prefixes))
-        deep = np.array([p.depth > 0 for p in prefixes], dtype=bool)
-        a = np.where(deep, self.params["prefix"][0], self.params["root"][0])
-        b = np.where(deep, self.params["prefix"][1], self.params["root"][1])
-        return _sigmoid(a * z + b)
-
-    def fit(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> dict[str, float]:
-        t, w = np.asarray(targets, dtype=np.float64), np.asarray(weights, dtype=np.float64)
-        _check_fit_inputs(prefixes, t, w)
-        if len(prefixes):  # the inner predictions before the inner fit: out of sample
-            self.records = [*self.records, {"z": self._logit(self.inner.predict(prefixes)), "t": t, "w": w,
-                                            "deep": np.array([p.depth > 0 for p in prefixes], dtype=bool)}]
-            self.records = self.records[-self.window:]
-        out = dict(self.inner.fit(prefixes, t, w))
-        z, tt, ww, deep = (np.concatenate([r[k] for r in self.records]) if self.records else np.zeros(0)
-                           for k in ("z", "t", "w", "deep"))
-        for c, sel in (("root", deep == 0), ("prefix", deep == 1)):
-            if sel.any():
-                self.params[c] = self._platt(z[sel], tt[sel], ww[sel])
-            out[f"predictor/calibration_{c}_a"], out[f"predictor/calibration_{c}_b"] = self.params[c]
-        return out
-
-    def _platt(self, z: np.ndarray, t: np.ndarray, w: np.ndarray) -> tuple[float, float]:
-        """(a, b) minimising Σ w·BCE(sigmoid(a z + b), t) + ridge·((a - 1)² + b²), by Newton's method."""
-        x = np.stack([z, np.ones_like(z)], axis=1)
-        theta = np.array([1.0, 0.0])
-        prior = np.array([1.0, 0.0])
-        for _ in range(self.iterations):
-            p = _sigmoid(x @ theta)
-            grad = x.T @ (w * (p - t)) + 2 * self.ridge * (theta - prior)
-            hess = (x * (w * p * (1 - p))[:, None]).T @ x + 2 * self.ridge * np.eye(2) + 1e-9 * np.eye(2)
-            step = np.linalg.solve(hess, grad)
-            theta = theta - step
-            if np.abs(step).max() < 1e-8:
-                break
-        return float(theta[0]), float(theta[1])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "calibrated", "inner": self.inner.state_dict(), "params": dict(self.params),
-                "records": [dict(r) for r in self.records]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "calibrated":
-            raise ConfigError(f"expected a CalibratedPredictor state, got kind {state.get('kind')!r}")
-        self.inner.load_state_dict(state["inner"])
-        self.params = {c: (float(a), float(b)) for c, (a, b) in state["params"].items()}
-        self.records = [{k: np.asarray(v) for k, v in r.items()} for r in state["records"]]
-
-
-def with_memory(predictor: Any, replay: int = 0, prior_strength: float = 0.0) -> Any:
-    """``predictor`` wrapped in `ReplayPredictor` (replay > 0) and then `PromptPosterior` (prior_strength > 0)."""
-    if replay:
-        predictor = ReplayPredictor(predictor, replay)
-    if prior_strength:
-        predictor = PromptPosterior(predictor, prior_strength)
-    return predictor

@@ -17,7 +17,7 @@ Deviations and choices where the paper is silent:
    are deterministic.
 5. The prefix solver spends its whole budget even when every marginal gain is 0 (q = 1): budget
    conservation across allocators matters more than the wasted continuations, which still train. The
-   ``refund`` allocators (allocators.py, deviation 8) hand such continuations back to the root stage instead,
+   refund variants (training/variants.py) hand such continuations back to the root stage instead,
    reading the root stage's optimum at every budget (`root_values_by_budget`).
 """
 

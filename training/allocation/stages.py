@@ -10,18 +10,13 @@ or the environment's exact values for the oracle allocator (`simulation.SimColle
 
 Choices where the paper is silent:
 1. Open prefixes are the non-terminal nodes of depth >= 1 after the bare rollouts; each lies on exactly one
-   bare rollout, whose reward is its r. A prompt with none sends its continuation budget to the root.
+   bare rollout, whose reward is its r. A prompt with none sends its continuation budget to the root. Stage 2's
+   anchors are the open prefixes (`open_anchors`); a caller may pass others (`Anchors`: the variants of
+   training/variants.py add a prompt's root).
 2. The predictor is scored on the fresh trees before it is fit on them, so its metrics are out-of-sample.
-3. For an allocator with ``root_anchor`` the root of a prompt whose bare rollouts all agree is one more
-   anchor, with that agreed reward as r and the root's prediction as v; it competes with the open prefixes
-   of its prompt for the prompt's budget. Root anchors are `PrefixChoice`s at node 0.
-4. ``refund_plan`` (allocators with ``refund``) exchanges stage-2 continuations for stage-1 roots in pairs:
-   the two smallest marginal gains q^t(1 - q) of the planned continuations against what two more root
-   rollouts on the pool's unchosen prompts add at the root stage's optimum; it stops at the first pair
-   that does not gain. The refunded roots are bare rollouts of those prompts (no continuations).
-5. A flip (`flip_metrics`) is an anchor of which at least one continuation ended with the other outcome
+3. A flip (`flip_metrics`) is an anchor of which at least one continuation ended with the other outcome
    than its r; expected flips are Σ 1 - q^k with the values stage 2 saw. Reported per step for depth >= 1
-   anchors (``alloc/prefix_*``) and for root anchors (``alloc/root_anchor_*``).
+   anchors (``alloc/prefix_*``) and for anchors at a root (``alloc/root_anchor_*``, the variants' only).
 """
 
 from __future__ import annotations
@@ -36,19 +31,17 @@ from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import Allocator, expand_counts
 from trace_gym.training.allocation.metrics import brier, calibration_metrics, rank_correlation
 from trace_gym.training.allocation.predictor import Predictor, Prefix, training_examples
-from trace_gym.training.allocation.solvers import (
-    prefix_same_outcome,
-    prefix_utility,
-    root_utility,
-    root_values_by_budget,
-    solve_roots,
-)
+from trace_gym.training.allocation.solvers import prefix_utility, root_utility
 from trace_gym.training.config import StepBudget
 from trace_gym.tree import RolloutTree
 from trace_gym.tree_stats import tree_values
 
 ValueFn = Callable[[Sequence[Prefix]], np.ndarray]
 """Success probabilities in [0, 1], one per prefix (a predictor's `predict`, or exact values)."""
+
+Anchors = Callable[[RolloutTree], tuple[list[int], np.ndarray]]
+"""Where stage 2 may continue in a tree after its bare rollouts: node ids, and the reward r in [0, 1] of the bare
+rollout each lies on (choice 1)."""
 
 
 # --------------------------------------------------------------------------------------------- stage 1
@@ -139,33 +132,23 @@ def open_prefixes(tree: RolloutTree) -> list[int]:
     return [n.id for n in tree.nodes if n.depth >= 1 and not n.is_terminal]
 
 
-def bare_outcomes(tree: RolloutTree) -> list[float]:
-    """The reward of each finished bare rollout (a root child followed through first-created children)."""
-    out = []
-    for c in tree.root.children:
-        node = tree[c]
-        while node.children:
-            node = tree[min(node.children)]
-        if node.is_terminal:
-            out.append(float(node.reward))
-    return out
+def open_anchors(tree: RolloutTree) -> tuple[list[int], np.ndarray]:
+    """The paper's anchors (choice 1): the open prefixes, each with its bare rollout's reward."""
+    nodes = open_prefixes(tree)
+    return nodes, np.clip(np.nan_to_num(tree_values(tree)[0][nodes]), 0.0, 1.0)
 
 
 def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str, RolloutTree],
-                       roots: RootAllocation, budget: StepBudget, rng: np.random.Generator) -> ContinuationPlan:
-    """Stage 2: each prompt's budget `prefix_budget(m_i)` over its open prefixes (and its root, choice 3)."""
+                       roots: RootAllocation, budget: StepBudget, rng: np.random.Generator,
+                       anchors: Anchors = open_anchors) -> ContinuationPlan:
+    """Stage 2: each prompt's budget `prefix_budget(m_i)` over its ``anchors`` (choice 1)."""
     choices: list[PrefixChoice] = []
     root_extra: dict[str, int] = {}
     for tid, tree in trees.items():
         b = allocator.prefix_budget(roots.counts.get(tid, 0), budget)
         if b == 0:
             continue
-        nodes = open_prefixes(tree)
-        rewards = np.clip(np.nan_to_num(tree_values(tree)[0][nodes]), 0.0, 1.0)
-        outcomes = bare_outcomes(tree)
-        if allocator.root_anchor and outcomes and min(outcomes) == max(outcomes):  # choice 3
-            nodes = [0, *nodes]
-            rewards = np.concatenate([[float(np.clip(outcomes[0], 0.0, 1.0))], rewards])
+        nodes, rewards = anchors(tree)
         predicted = bool(allocator.needs_prefix_values and nodes)
         estimates = values([Prefix.from_tree(tree, n) for n in nodes]) if predicted else np.full(len(nodes), 0.5)
         counts, extra = expand_counts(allocator, rewards, estimates, b, rng)
@@ -176,57 +159,9 @@ def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str
     return ContinuationPlan(tuple(choices), root_extra)
 
 
-@dataclass(frozen=True)
-class Refund:
-    """What `refund_plan` handed back: ``counts[task id] = m`` root rollouts on prompts stage 1 left out, the
-    expected mixed groups they add (``gain``) and the expected flips the continuations they replace would
-    have found (``cost``)."""
-
-    counts: dict[str, int]
-    gain: float
-    cost: float
-
-    def metrics(self) -> dict[str, float]:
-        return {"alloc/refund": float(sum(self.counts.values())), "alloc/refund_prompts": float(len(self.counts)),
-                "alloc/refund_gain": self.gain, "alloc/refund_cost": self.cost}
-
-
-def refund_plan(plan: ContinuationPlan, roots: RootAllocation, cap: int) -> tuple[ContinuationPlan, Refund]:
-    """Choice 4: ``plan`` with its least useful continuations removed in pairs, and the root rollouts on the
-    pool's unchosen prompts they pay for. Needs the values both stages saw; without them nothing moves."""
-    units: list[tuple[float, int]] = []  # (marginal gain, index of the choice in plan.prefixes)
-    for i, c in enumerate(plan.prefixes):
-        if c.value is None:
-            continue
-        q = float(prefix_same_outcome(c.reward, min(max(c.value, 0.0), 1.0)))
-        units += [(q**t * (1.0 - q), i) for t in range(c.continuations)]
-    rest = [j for j, tid in enumerate(roots.task_ids) if tid not in roots.counts]
-    if roots.values is None or not rest or len(units) < 2:
-        return plan, Refund({}, 0.0, 0.0)
-    values = np.clip(roots.values[rest], 0.0, 1.0)
-    most = 2 * (len(units) // 2)
-    best = root_values_by_budget(values, most, cap)
-    units.sort()
-    moved, cost = 0, 0.0
-    while moved + 2 <= most and np.isfinite(best[moved + 2]):
-        pair = units[moved][0] + units[moved + 1][0]
-        if best[moved + 2] - best[moved] <= pair + 1e-12:
-            break
-        cost += pair
-        moved += 2
-    if moved == 0:
-        return plan, Refund({}, 0.0, 0.0)
-    removed = np.bincount([i for _, i in units[:moved]], minlength=len(plan.prefixes))
-    prefixes = tuple(PrefixChoice(c.task_id, c.node_id, c.reward, c.value, c.continuations - int(removed[i]))
-                     for i, c in enumerate(plan.prefixes))
-    m = solve_roots(values, moved, cap)
-    counts = {roots.task_ids[rest[j]]: int(m[j]) for j in np.flatnonzero(m)}
-    return ContinuationPlan(prefixes, plan.root_extra), Refund(counts, float(best[moved]), cost)
-
-
 def flip_metrics(trees: Mapping[str, RolloutTree], plan: ContinuationPlan, first_new: Mapping[str, int]
                  ) -> dict[str, float]:
-    """Choice 5, after the continuations ran: ``first_new[task id]`` is the first node id they created (the tree's
+    """Choice 3, after the continuations ran: ``first_new[task id]`` is the first node id they created (the tree's
     size before them), so an anchor's continuations are its children from there on."""
     out: dict[str, float] = {}
     for label, keep in (("prefix", lambda c: c.node_id != 0), ("root_anchor", lambda c: c.node_id == 0)):

@@ -19,14 +19,8 @@ from trace_gym.errors import SetupError
 from trace_gym.limits import HostNeeds, ensure_host
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import make_allocator
-from trace_gym.training.allocation.predictor import (
-    CalibratedPredictor,
-    FeaturePredictor,
-    HiddenStatePredictor,
-    Predictor,
-    Prefix,
-    with_memory,
-)
+from trace_gym.training.allocation.predictor import FeaturePredictor, HiddenStatePredictor, Predictor, Prefix
+from trace_gym.training.allocation.predictor_wrappers import CalibratedPredictor, with_memory
 from trace_gym.training.config import TrainConfig
 from trace_gym.training.driver import mix
 from trace_gym.training.rollout.collector import Collector, SnapshotPolicy, TreeCollector

@@ -71,9 +71,9 @@ def test_unknown_allocator_raises():
 
 
 def test_every_allocator_name_has_its_stage_modes():
-    from trace_gym.training.allocation.allocators import _MODES
+    from trace_gym.training.allocation.allocators import _MODES, VARIANTS
 
-    assert set(_MODES) | {"trace_adaptive"} == set(ALLOCATORS)
+    assert set(_MODES) | set(VARIANTS) | {"trace_adaptive"} == set(ALLOCATORS)
     for name in ALLOCATORS:
         alloc = make_allocator(name)
         assert alloc.name == name and alloc.oracle == (name == "oracle")

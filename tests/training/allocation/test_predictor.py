@@ -128,7 +128,7 @@ def test_hidden_state_predictor_fits_and_round_trips():
 
 
 # ----------------------------------------------------------------- memory wrappers (deviation 5)
-from trace_gym.training.allocation.predictor import (  # noqa: E402
+from trace_gym.training.allocation.predictor_wrappers import (  # noqa: E402
     PromptPosterior,
     ReplayPredictor,
     with_memory,

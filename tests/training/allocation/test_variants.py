@@ -1,5 +1,6 @@
-"""The TRACE variants' stage 2 (root anchors, the refund to stage 1), flip accounting, children targets and the
-online recalibration; and the whole step with each variant on the simulation env (budget spent exactly)."""
+"""The TRACE variants' stage 2 (training/variants.py: root anchors, the refund to stage 1), flip accounting,
+children targets and the online recalibration; and the whole step with each variant on the simulation env (budget
+spent exactly)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,8 @@ import pytest
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import StagedAllocator, make_allocator
-from trace_gym.training.allocation.predictor import (
-    CalibratedPredictor,
-    FeaturePredictor,
-    Prefix,
-    children_values,
-    training_examples,
-)
+from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix, children_values, training_examples
+from trace_gym.training.allocation.predictor_wrappers import CalibratedPredictor
 from trace_gym.training.allocation.solvers import root_utility, root_values_by_budget, solve_roots
 from trace_gym.training.allocation.stages import (
     ContinuationPlan,
@@ -23,11 +19,11 @@ from trace_gym.training.allocation.stages import (
     RootAllocation,
     flip_metrics,
     plan_continuations,
-    refund_plan,
 )
 from trace_gym.training.config import StepBudget
 from trace_gym.training.simulation import SimCollector, make_tasks
 from trace_gym.training.step import take_step
+from trace_gym.training.variants import VariantAllocator, make_variant, refund_plan
 from trace_gym.tree import RolloutTree
 
 
@@ -48,7 +44,7 @@ def test_a_root_whose_bare_rollouts_agree_is_an_anchor_only_for_root_anchor_allo
     roots = RootAllocation(("agree", "mixed"), np.array([0.5, 0.5]), {"agree": 2, "mixed": 2})
     budget, rng = StepBudget(4, 2), np.random.default_rng(0)
     plain = plan_continuations(make_allocator("trace"), constant(0.5), trees, roots, budget, rng)
-    rooted = plan_continuations(make_allocator("trace_root"), constant(0.5), trees, roots, budget, rng)
+    rooted, _ = make_variant("trace_root").plan(constant(0.5), trees, roots, budget, rng)
     assert all(c.node_id != 0 for c in plain.prefixes)
     anchors = {(c.task_id, c.node_id) for c in rooted.prefixes}
     assert ("agree", 0) in anchors and ("mixed", 0) not in anchors  # a mixed root cannot flip
@@ -88,7 +84,16 @@ def test_no_refund_without_values_or_unchosen_prompts() -> None:
 
 def test_a_refund_needs_both_active_stages() -> None:
     with pytest.raises(ConfigError, match="active roots and prefixes"):
-        StagedAllocator("x", "uniform", "active", refund=True)
+        VariantAllocator("x", "uniform", "active", refund=True)
+
+
+def test_the_variants_are_built_by_name_and_the_production_allocators_carry_no_variant_flag() -> None:
+    for name in ("trace_root", "trace_refund", "trace_plus", "trace_root_uniform"):
+        assert isinstance(make_allocator(name), VariantAllocator) and make_allocator(name).name == name
+    for name in ("trace", "grpo", "pcl", "treepo", "oracle"):
+        allocator = make_allocator(name)
+        assert type(allocator) is StagedAllocator and not hasattr(allocator, "refund")
+        assert not hasattr(allocator, "root_anchor") and not hasattr(allocator, "expand")
 
 
 def test_root_values_by_budget_agree_with_the_exact_solver() -> None:
@@ -171,6 +176,5 @@ def test_root_anchors_find_flips_where_the_decision_is_taken_at_the_first_turn()
     def values(prefixes):  # settled prefixes (they lost), uncertain roots
         return np.array([0.5 if p.depth == 0 else 0.001 for p in prefixes])
 
-    plan = plan_continuations(make_allocator("trace_root"), values, trees, roots, StepBudget(4, 2),
-                              np.random.default_rng(0))
+    plan, _ = make_variant("trace_root").plan(values, trees, roots, StepBudget(4, 2), np.random.default_rng(0))
     assert {c.task_id: c.continuations for c in plan.prefixes if c.node_id == 0} == {"t0": 4, "t1": 4}

@@ -93,7 +93,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, nano_dir):
 
 def test_trace_adaptive_and_predictor_memory_resume_from_a_checkpoint(tmp_path, nano_dir):
     from trace_gym.training.allocation.allocators import AdaptiveAllocator
-    from trace_gym.training.allocation.predictor import PromptPosterior, ReplayPredictor
+    from trace_gym.training.allocation.predictor_wrappers import PromptPosterior, ReplayPredictor
 
     data = tiny_config(tmp_path / "run", nano_dir).to_dict()
     data["alloc"] = {**data["alloc"], "allocator": "trace_adaptive"}
