@@ -153,8 +153,3 @@ def build_tiny_model(out_dir: str | Path, size: Size = "tiny", seed: int = 0,
     (out / "trace_gym_model.json").write_text(json.dumps({"size": size, "seed": seed,
                                                           "params": model.num_parameters()}) + "\n")
     return out
-
-
-def init_model(out: str | Path, size: Size = "tiny", seed: int = 0) -> Path:
-    """Entry point for `trace-gym model init --out DIR [--size] [--seed]`."""
-    return build_tiny_model(out, size=size, seed=seed)

@@ -69,7 +69,9 @@ class TextEnv(gym.Env[str, str]):
     resources; for state that cannot be deep-copied, ``state_dict`` / ``load_state_dict`` or
     ``native_snapshot``. **Plumbing** (call it, do not override it: it keeps the
     contracts below): ``reset``, ``step``, ``snapshot``, ``restore``, ``replay``, ``current``, ``base_state``,
-    ``tasks``, ``task_by_id``. Cross-cutting behaviour (turn limits, recording) belongs in a wrapper.
+    ``tasks``, ``task_by_id``. ``step`` truncates an episode at ``max_turns`` (stop reason ``max_turns``), so
+    the limit is part of the episode and of its snapshots; behaviour across episodes (tree recording) belongs
+    in a wrapper.
 
     ``episode_fields`` names the attributes that hold per-episode state beyond the base's; native snapshots
     deep-copy them (override ``state_dict``/``load_state_dict`` or ``native_snapshot`` for anything else).

@@ -15,13 +15,39 @@ _services: dict[int, set[int]] = {}  # owner pid -> helper pids (a forked host s
 _reapers: list[Callable[[float], bool]] = []  # waits for processes already killed and being reaped
 
 
-def parent_pid(pid: int) -> int | None:
-    """The parent of ``pid`` in this process's view, from /proc (None once it is gone)."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses): the state
+    letter first, then the parent, ... (proc(5) numbers them from 3); None once the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rfind(")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` in this process's view, from /proc (None once it is gone)."""
+    fields = stat_fields(pid)
+    try:
+        return int(fields[1]) if fields is not None else None
+    except (ValueError, IndexError):
+        return None
+
+
+def state(pid: int) -> str | None:
+    """The state letter of ``pid`` (R, S, Z for a zombie, ...), None once it is gone."""
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def children(pid: int, live: bool = False) -> list[int]:
+    """The children of ``pid`` from /proc, zombies (and dead ones) left out when ``live``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields and int(fields[1]) == pid and not (live and fields[0] in "ZX"):
+            found.append(int(entry.name))
+    return found
 
 
 def descendant_pids(pid: int | None = None) -> set[int]:
@@ -33,14 +59,9 @@ def descendant_pids(pid: int | None = None) -> set[int]:
     root = os.getpid() if pid is None else pid
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields:
+            parents[int(entry.name)] = int(fields[1])
     found, frontier = set[int](), {root}
     while frontier:
         frontier = {p for p, pp in parents.items() if pp in frontier} - found
@@ -67,8 +88,5 @@ def services() -> set[int]:
 def start_time(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (clock ticks since boot): with the pid, a name no later process gets.
     None if there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :].split()[19]
+    fields = stat_fields(pid)
+    return fields[19] if fields else None

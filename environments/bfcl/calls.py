@@ -9,7 +9,6 @@ not a (dotted) name and decodes to a `BadCall`, and so are arguments nested deep
 from __future__ import annotations
 
 import ast
-import json
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -173,11 +172,6 @@ def to_python_call(call: Call) -> str:
     """BFCL Python-call string of a call (repr of each value: eval of it gives the same values back)."""
     args = [repr(v) for v in call.positional] + [f"{k}={v!r}" for k, v in call.arguments.items()]
     return f"{call.name}({', '.join(args)})"
-
-
-def to_hermes(call: Call) -> str:
-    """Hermes tool-call block of a call (tuples become JSON arrays)."""
-    return "<tool_call>\n" + json.dumps({"name": call.name, "arguments": call.arguments}) + "\n</tool_call>"
 
 
 def parse_ground_truth_call(source: str) -> Call:

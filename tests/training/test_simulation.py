@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from tests.training.sim_env import SimEnv
 from trace_gym.checker import check_trace_env
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import make_allocator
@@ -10,7 +11,6 @@ from trace_gym.training.simulation import (
     BAD_ACTION,
     GOOD_ACTION,
     SimCollector,
-    SimEnv,
     make_tasks,
     run_simulation,
     scripted_action,

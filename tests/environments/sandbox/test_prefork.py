@@ -6,30 +6,19 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.environments.sandbox.leaks import settled
+from trace_gym import processes
 from trace_gym.environments.sandbox.host import PythonSandbox, SandboxLimits, start_template
 
 LIMITS = SandboxLimits(timeout_s=10)
 
 
 def children(pid: int) -> list[int]:
-    """Live (non-zombie) children of ``pid``, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] not in "ZX":
-            found.append(int(entry.name))
-    return found
+    """Live (non-zombie) children of ``pid``."""
+    return processes.children(pid, live=True)
 
 
 def standby_of(box: PythonSandbox, wait_s: float = 10.0) -> int:

@@ -8,15 +8,7 @@ import pytest
 from tests.environments.sandbox.leaks import settled_at
 from trace_gym.environments.sandbox import reaper
 from trace_gym.environments.sandbox.host import PythonSandbox, sandbox_processes, start_template
-
-
-def state(pid: int) -> str | None:
-    """The process's state letter from /proc, None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
+from trace_gym.processes import state
 
 
 @pytest.mark.parametrize("isolation", ["jail", "none"])
