@@ -29,8 +29,9 @@ def evaluate_config(cfg: TrainConfig, checkpoint: str | Path | None = None, seed
 
     model_path = evaluated_model(cfg, checkpoint)
     if cfg.env.mix:  # several envs: each env's first eval.tasks held-out prompts (all with 0), as the trainer's
-        make_env: mix.EnvMix | EnvFactory = mix.make_mix(cfg.env, evaluation=True)
-        tasks = [t for ts in make_env.tasks().values() for t in (ts[:cfg.eval.tasks] if cfg.eval.tasks else ts)]
+        mixed = mix.make_mix(cfg.env, evaluation=True)
+        tasks = [t for ts in mixed.tasks().values() for t in (ts[:cfg.eval.tasks] if cfg.eval.tasks else ts)]
+        make_env: mix.EnvMix | EnvFactory = mixed
     else:
         make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
         tasks = held_out_tasks(make_env, cfg.eval.tasks)

@@ -527,7 +527,8 @@ def eval_collector(policy: Policy, make_env: Callable[[], gym.Env] | EnvMix, tas
     return TreeCollector(policy, make_env, tasks, sampling, tokenizer, "replay", workers, rollout.max_context)
 
 
-def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequence[Task] | int | None = None,
+def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env] | EnvMix,
+                    tasks: Sequence[Task] | int | None = None,
                     samples: int = 1, sampling: SamplingParams | None = None, seed: int = 0,
                     keep_trees: bool = False, workers: int = 4, max_context: int = HELD_OUT.max_context,
                     branches: int = 0, progress: Callable[[int, int], None] | None = None,
@@ -535,13 +536,17 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], gym.Env], tasks: Sequ
                     on_episode: Callable[[EpisodeRow], None] | None = None, breaker: int = 0,
                     on_tree: Callable[[RolloutTree], None] | None = None) -> EvalResult:
     """Any policy on an env: ``samples`` episodes of each of ``tasks`` (the env's tasks, all of them by default
-    or the first ``tasks`` when an int) through a fresh `TreeCollector`, plus ``branches`` continuations of
+    or the first ``tasks`` when an int; given as a list with an `EnvMix`, whose tasks are each env's) through a
+    fresh `TreeCollector`, plus ``branches`` continuations of
     each task's tree (choice 4); `HELD_OUT`'s sampling unless ``sampling`` is given. Token ids are recorded
     exactly when the policy has a tokenizer (a scripted expert plays on messages). ``in_flight`` defaults to
     the policy's ``concurrency`` (a server's), else `HELD_OUT.in_flight`; the other arguments as in `evaluate`."""
     from trace_gym.agents.scripted import ExpertPolicy
 
-    chosen = list(tasks) if isinstance(tasks, Sequence) else env_tasks(make_env)[:tasks]
+    if isinstance(make_env, EnvMix) and not isinstance(tasks, Sequence):
+        raise ConfigError("expected the tasks to play as a list with several envs, got a count; fix: pass "
+                          "training.driver.mix.eval_tasks(mix, n)")
+    chosen = list(tasks) if isinstance(tasks, Sequence) else env_tasks(make_env)[:tasks]  # type: ignore[arg-type]
     tokenizer = None if isinstance(policy, ExpertPolicy) else getattr(policy, "tokenizer", None)
     width = in_flight or int(getattr(policy, "concurrency", 0) or HELD_OUT.in_flight)
     # Replay snapshots cost nothing until a rollout branches; branching restores native snapshots directly.
