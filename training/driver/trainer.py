@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from trace_gym import threads
 from trace_gym.agents.policy import SamplingParams
 from trace_gym.env_specs import env_factory, env_tasks
 from trace_gym.errors import ConfigError
 from trace_gym.progress import Progress
 from trace_gym.seeds import derive, generator
-from trace_gym import threads
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import make_allocator
 from trace_gym.training.config import TrainConfig, dump_config
