@@ -62,3 +62,23 @@ def test_an_unknown_source_is_a_user_error(tmp_path):
         fetch.fetch_model("smollm3", tmp_path / "out")
     with pytest.raises(ConfigError, match="no such file"):
         fetch.fetch_model(str(tmp_path / "missing.gguf"), tmp_path / "out")
+
+
+def test_the_real_model_tests_skip_without_the_model_unless_required(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRACE_GYM_CACHE": str(tmp_path / "empty")}
+    env.pop("TRACE_GYM_REQUIRE_REAL", None)
+
+    def pytest(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/real"],
+                              capture_output=True, text=True, cwd=root, env={**env, **extra}, timeout=600)
+
+    skipped = pytest()
+    assert skipped.returncode == 0 and "skipped" in skipped.stdout and "passed" not in skipped.stdout
+    required = pytest(TRACE_GYM_REQUIRE_REAL="1")
+    assert required.returncode != 0 and "trace-gym model fetch smollm2-135m" in required.stdout + required.stderr
