@@ -18,5 +18,8 @@ if [ ! -e "$frozen/site/.installed" ]; then
   touch "$frozen/site/.installed"
 fi
 cd "$frozen/src"
+# The text predictor visits a set of tokens, whose order follows Python's hash seed; fixed, a run is the same
+# run whoever starts or resumes it.
+export PYTHONHASHSEED=0
 PYTHONPATH="$frozen/site" exec "$root/.venv/bin/python" benchmarks/learning.py --data "$data" \
   --work "$root/runs/bench/learning_tokens" "$@"
