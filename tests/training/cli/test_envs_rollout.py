@@ -47,9 +47,12 @@ def test_the_seed_repeats_a_rollout(capsys, tmp_path):
 def test_a_folder_out_holds_trees_rows_and_the_summary_and_view_renders_it(capsys, tmp_path):
     summary, out = rollout(capsys, tmp_path, "--env", "trace/Arithmetic-v0", "--env-arg", "n_tasks=3",
                            "--tasks", "3", "--branches", "1", out="run")
-    assert sorted(p.name for p in out.iterdir()) == ["rows.jsonl", "summary.json", "trees.jsonl"]
-    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert [len(r["rewards"]) for r in rows] == [2, 2, 2] and summary["files"]["trees"] == str(out / "trees.jsonl")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["rows.jsonl", "rows.settings.json", "summary.json", "trees.jsonl"]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]  # one row per episode
+    assert sorted((r["task_id"], r["episode"]) for r in rows) == [(t, e) for t in ("arith-0", "arith-1", "arith-2")
+                                                                   for e in (0, 1)]
+    assert summary["files"]["trees"] == str(out / "trees.jsonl")
     assert main(["view", str(out)]) == 0 and (out / "trees.html").is_file()
 
 

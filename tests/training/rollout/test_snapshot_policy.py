@@ -56,7 +56,8 @@ def baseline() -> int:
 
 def frozen_processes(collector: TreeCollector, baseline: int) -> int:
     """Sandbox processes that are neither a live lineage's supervisor nor its worker: frozen snapshots."""
-    wrappers = [*collector._pool, *(t.wrapper for t in collector._trees.values())]
+    pooled = [w for pool in collector._pools.values() for w in pool]
+    wrappers = [*pooled, *(t.wrapper for t in collector._trees.values())]
     live = sum(w.base.sandbox.pid is not None for w in wrappers)
     return steady_count() - baseline - 2 * live
 
