@@ -43,7 +43,7 @@ def test_eval_scores_the_served_model_as_the_python_api_does(server, tmp_path):
     policy = policy_from_spec("openai:tiny", PolicyOptions(base_url=server), make_env)
     api = evaluate_policy(policy, make_env, 3, sampling=SamplingParams(temperature=0, max_new_tokens=8),
                           keep_trees=True)
-    assert rows == [t.row() for t in api.tasks]  # greedy: the same episodes, turn for turn
+    assert rows == api.rows()  # greedy: the same episodes, turn for turn
     assert [[n.action for n in t.nodes] for t in trees] == [[n.action for n in t.nodes] for t in api.trees]
 
 

@@ -33,8 +33,8 @@ def test_eval_with_native_tool_calls_scores_what_the_text_form_scores(tool_serve
     native, native_rows = eval_rows(tool_server, "native", tmp_path / "native")
     text, text_rows = eval_rows(tool_server, "text", tmp_path / "text")
     assert native["success"] == text["success"] == 1.0, (native_rows, text_rows)
-    assert [r["rewards"] for r in native_rows] == [r["rewards"] for r in text_rows]
-    assert [r["turns"] for r in native_rows] == [r["turns"] for r in text_rows] == [[2]] * ENV_ARGS["n_tasks"]
+    assert [r["reward"] for r in native_rows] == [r["reward"] for r in text_rows]  # one row per episode
+    assert [r["turns"] for r in native_rows] == [r["turns"] for r in text_rows] == [2] * ENV_ARGS["n_tasks"]
 
 
 def test_the_server_answers_with_tool_calls_that_become_the_env_action(tool_server):
