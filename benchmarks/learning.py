@@ -394,7 +394,7 @@ def ci(v: dict[str, float], digits: int = 3) -> str:
 
 def print_tables(table: dict[str, Any], budget: float) -> None:
     print(f"\nper row (mean ± 95% t-interval over seeds; B = {budget:,.0f} generated training tokens)")
-    cols = ("seeds", "gain @B", "gain step 12", "tokens/step", "tokens to +0.12", "wall s @B", "cpu s @B",
+    cols = ("seeds", "gain @B", "gain at end", "tokens/step", "tokens to +0.12", "wall s @B", "cpu s @B",
             "prefill @B", "update fwd @B")
     print(f"{'':12s}" + "".join(f"{c:>22s}" for c in cols))
     for name, g in table["rows"].items():

@@ -1,6 +1,6 @@
 """torch beside other work: the tiny model's SFT rate alone and beside busy processes, with torch's own thread
-settings and with trace-gym's (``trace_gym.threads``: the cores this process may use less the load of others,
-re-read every few seconds; OpenMP waiters that sleep instead of spinning).
+settings and with trace-gym's (``trace_gym.threads``: the cores this process may use less the tasks of others
+that want a CPU, re-read every few seconds).
 
 Each cell is a fresh Python process (OpenMP reads its settings when torch loads) that runs SFT steps of the tiny
 model on scripted-expert Arithmetic episodes for ``--seconds`` and reports steps per second; "busy" cells run

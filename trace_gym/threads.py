@@ -8,11 +8,13 @@ lost its core waits a whole scheduler slice, and a spinning waiter burns the tim
 - the cores are those of this process's CPU affinity, capped by its cgroup's CPU quota (a container's
   ``cpu.max``), not ``os.cpu_count()``;
 - ``OMP_NUM_THREADS`` (or ``TRACE_GYM_THREADS``), when the user sets it, is the answer as given;
-- otherwise the count is the usable cores less the run queue's excess over them (the one-minute load average,
-  less this process's own threads), at least one; ``adapt`` re-reads it between units of work, so a job that
-  starts on an idle machine gives a core back when other work arrives and takes it again when it leaves;
-- OpenMP waiters sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``). OpenMP reads that once, when torch
-  loads it, so ``configure`` runs before the first ``import torch`` (the CLI calls it first thing).
+- otherwise the count is the usable cores less the other tasks that want a CPU now (the kernel's count of
+  runnable tasks, a median of a few reads, less the caller), at least one; ``adapt`` re-reads it between units
+  of work, so a job gives a core back when other work arrives and takes it again when it leaves. The one-minute
+  load average lags by a minute: a job that started just after other work had stopped kept one thread;
+- OpenMP's pool is sized to the usable cores when torch loads, so ``configure`` runs before the first
+  ``import torch`` (the CLI calls it first thing); its waiters keep OpenMP's default policy, since sleeping
+  waiters (``OMP_WAIT_POLICY=PASSIVE``) cost the tiny model's SFT about a quarter of its idle rate.
 
 This module imports nothing heavy; torch is touched only if it is already imported.
 """
@@ -64,28 +66,42 @@ def requested() -> int | None:
     return None
 
 
-def choose(cores: int | None = None, load: float | None = None, own: int = 0) -> int:
-    """Threads for torch when the user set none: ``cores`` less the load that is not ours, at least 1.
+def runnable(samples: int = 11, gap_s: float = 0.005) -> float:
+    """Tasks running or waiting for a CPU now, the caller included: the median of ``samples`` reads of the
+    kernel's count (/proc/loadavg's fourth field), or the one-minute load average (plus the caller) where the
+    count cannot be read."""
+    counts = []
+    for i in range(samples):
+        try:
+            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]))
+        except (OSError, IndexError, ValueError):
+            return os.getloadavg()[0] + 1
+        if i + 1 < samples:
+            time.sleep(gap_s)
+    return float(sorted(counts)[len(counts) // 2])
 
-    ``load`` is the one-minute load average (read from the kernel when None) and ``own`` the runnable threads of
-    this process already counted in it. Fractions round to the nearest core: on 2 cores, a load of 0.4 besides
-    ours gives 2 threads, 1.6 gives 1.
+
+def choose(cores: int | None = None, load: float | None = None, own: int = 1) -> int:
+    """Threads for torch when the user set none: ``cores`` less the tasks that are not ours, at least 1.
+
+    ``load`` counts the tasks that want a CPU (``runnable()`` when None) and ``own`` those of this process among
+    them (the caller, between units of work). Fractions round to the nearest core: on 2 cores, 0.4 other tasks
+    give 2 threads, 1.6 give 1.
     """
     cores = usable_cores() if cores is None else cores
-    load = os.getloadavg()[0] if load is None else load
+    load = runnable() if load is None else load
     others = max(0.0, load - own)
     return max(1, min(cores, round(cores - others)))
 
 
 def configure() -> int:
-    """Set the thread count before torch loads (the OpenMP pool's size, passive waiting), and on torch if it
-    is already loaded; returns the count. Idempotent; a user's ``OMP_NUM_THREADS`` and ``OMP_WAIT_POLICY`` stay."""
+    """Set the thread count before torch loads (the OpenMP pool's size), and on torch if it is already loaded;
+    returns the count. Idempotent; a user's ``OMP_NUM_THREADS`` stays."""
     if not _state["configured"]:
         _state["user"] = requested()
         _state["configured"] = True
     user = _state["user"]
     n = user if user is not None else choose()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if "torch" not in sys.modules and "OMP_NUM_THREADS" not in os.environ:
         # OpenMP sizes its pool from this when torch loads; set_num_threads later picks how many of it run.
         os.environ["OMP_NUM_THREADS"] = str(usable_cores() if user is None else user)
@@ -106,7 +122,7 @@ def adapt(force: bool = False) -> int | None:
     if not force and now - _state["checked"] < ADAPT_EVERY_S:
         return None
     _state["checked"] = now
-    n = choose(own=_state["own"])  # our busy threads are in the load average: about as many as we ran
+    n = choose()  # between units of work only the caller of ours is runnable
     _apply(n)
     return n
 

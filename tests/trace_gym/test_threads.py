@@ -1,4 +1,4 @@
-"""torch's thread count: the usable cores less the load of others, a user's setting kept, waiters that sleep."""
+"""torch's thread count: the usable cores less the tasks of others, a user's setting kept."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,28 @@ from trace_gym import threads
 
 
 @pytest.mark.parametrize(("cores", "load", "own", "expected"), [
-    (2, 0.0, 0, 2),  # idle: every core
-    (2, 0.4, 0, 2),  # a little background work rounds away
-    (2, 1.6, 0, 1),  # one core's worth of others: one thread
-    (2, 13.0, 0, 1),  # a crowded machine: one thread, never zero
+    (2, 1.0, 1, 2),  # idle: only the caller runs, every core
+    (2, 1.4, 1, 2),  # a little background work rounds away
+    (2, 2.6, 1, 1),  # one core's worth of others: one thread
+    (2, 14.0, 1, 1),  # a crowded machine: one thread, never zero
     (2, 2.2, 2, 2),  # the load is mostly our own two threads
     (8, 3.0, 1, 6),
 ])
 def test_choose_gives_the_cores_others_leave(cores: int, load: float, own: int, expected: int) -> None:
     assert threads.choose(cores=cores, load=load, own=own) == expected
+
+
+def test_runnable_counts_the_caller_and_a_busy_process() -> None:
+    assert threads.runnable() >= 1
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline, seen = time.monotonic() + 30, 0.0
+        while seen < 2 and time.monotonic() < deadline:  # once started, the spinner is always runnable
+            seen = max(seen, threads.runnable())
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert seen >= 2
 
 
 def test_a_cgroup_quota_caps_the_cores(tmp_path: Path) -> None:
@@ -55,9 +69,9 @@ def _probe(env: dict[str, str], *prefix: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_configure_sizes_the_pool_to_the_affinity_and_makes_waiters_sleep() -> None:
+def test_configure_sizes_the_pool_to_the_affinity() -> None:
     got = _probe({}, "taskset", "-c", "0")  # one core allowed, whatever the machine has
-    assert got["omp"] == "1" and got["wait"] == "PASSIVE"
+    assert got["omp"] == "1" and got["wait"] is None  # OpenMP's own wait policy
     assert got["configured"] == got["torch"] == got["adapted"] == 1
 
 
@@ -71,8 +85,9 @@ def test_a_users_thread_count_is_kept_and_never_adapted() -> None:
 
 def test_the_cli_configures_threads_before_a_command_loads_torch() -> None:
     code = ("import os; from trace_gym.training.cli.main import main; main(['envs']); "
-            "print(os.environ.get('OMP_WAIT_POLICY'))")
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+            "print(os.environ.get('OMP_NUM_THREADS'))")
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                             "TRACE_GYM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=120,
                          check=True)
-    assert out.stdout.strip().splitlines()[-1] == "PASSIVE"
+    assert out.stdout.strip().splitlines()[-1] == str(threads.usable_cores())
