@@ -21,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="episodes per step")
     parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of batch sampling")
+    parser.add_argument("--lora-r", type=int, default=d.lora_r,
+                        help="LoRA rank on the attention and MLP projections, merged into the saved model (0: train "
+                             "all weights; 16 halves a 135M model's step); as model.lora_r in a run's config")
+    parser.add_argument("--lora-alpha", type=int, default=d.lora_alpha,
+                        help="LoRA scale numerator (the adapter is scaled by alpha / r)")
     parser.add_argument("--noise", type=float, default=0.0, help="expert noise (failed episodes are dropped)")
     from trace_gym.training.rollout.evaluate import HELD_OUT
 
@@ -44,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_folder(args.model)
     resolve_env_spec(args.env)
     env_kwargs = parse_env_args(args.env_arg or [])
-    settings = SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    settings = SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                           lora_r=args.lora_r, lora_alpha=args.lora_alpha)
     summary = sft_env(args.model, args.env, episodes=args.episodes, out_dir=args.out, settings=settings,
                       eval_episodes=args.eval_episodes, noise=args.noise, env_kwargs=env_kwargs,
                       eval_env_kwargs=parse_env_args(args.eval_env_arg or []) or None)

@@ -128,7 +128,8 @@ def sft_env(model_dir: str | Path, env_id: str, episodes: int = 2000, out_dir: s
     after = held_out(policy, "after")
     sampled = held_out(policy, "after, T = 1", HELD_OUT.sampling(temperature=1.0), seed=1)
     summary = {"env": env_id, "expert_episodes": len(data), "sequences": result.sequences,
-               "steps": len(result.losses), "loss_first": result.losses[0], "loss_last": result.losses[-1],
+               "steps": len(result.losses), "lora_r": (settings or SFTSettings()).lora_r,
+               "loss_first": result.losses[0], "loss_last": result.losses[-1],
                "held_out_tasks": len(after.tasks), "held_out_errors": before.errors + after.errors + sampled.errors,
                "success_before_greedy": before.success, "success_after_greedy": after.success,
                "success_after_t1": sampled.success, "out_dir": str(result.out_dir)}

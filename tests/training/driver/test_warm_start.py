@@ -69,6 +69,25 @@ def test_trace_gym_sft_collects_trains_and_reports(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_trace_gym_sft_with_lora_changes_only_the_wrapped_projections(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trace_gym.agents.tiny import build_tiny_model
+    from trace_gym.training.cli.main import main
+
+    model = build_tiny_model(tmp_path / "m", size="nano", seed=0)
+    assert main(["sft", "--model", str(model), "--out", str(tmp_path / "out"), "--env",
+                 "tests.agents.calc_env:CalcEnv", "--episodes", "8", "--steps", "2", "--batch-size", "4", "--lr",
+                 "1e-2", "--lora-r", "4", "--lora-alpha", "8", "--eval-episodes", "2", "--env-arg", "n=40"]) == 0
+    assert json.loads((tmp_path / "out" / "sft_summary.json").read_text())["lora_r"] == 4
+    before = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.endswith("proj.weight") for k in changed)  # the adapter, merged; embeddings untouched
+
+
+@pytest.mark.slow
 def test_trace_gym_sft_takes_a_module_colon_class_env(tmp_path, capsys):
     from trace_gym.agents.tiny import build_tiny_model
     from trace_gym.training.cli.main import main
