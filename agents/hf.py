@@ -86,10 +86,17 @@ class HFPolicy:
         rows = [(i, j) for i in range(len(prompts)) for j in range(sampling.n)]
         self.stats = GenerationStats()
         out: list[Generation] = []
-        for start in range(0, len(rows), self.max_batch_size):
-            chunk = rows[start:start + self.max_batch_size]
-            seeds = [row_seed(requests[i], sampling, i, j) for i, j in chunk]
-            out.extend(self._generate_rows([prompts[i] for i, _ in chunk], chunk, seeds, sampling))
+        # Sampling runs in eval mode whatever mode a trainer left the model in: in training mode a model with
+        # gradient checkpointing (TRL's default) drops the KV cache, and each decoded token would see only itself.
+        training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(rows), self.max_batch_size):
+                chunk = rows[start:start + self.max_batch_size]
+                seeds = [row_seed(requests[i], sampling, i, j) for i, j in chunk]
+                out.extend(self._generate_rows([prompts[i] for i, _ in chunk], chunk, seeds, sampling))
+        finally:
+            self.model.train(training)
         return out
 
     def _generate_rows(self, prompts: list[list[int]], keys: list[tuple[int, int]], seeds: list[int | None],

@@ -166,3 +166,15 @@ def test_padded_rows_score_like_unpadded_ones(nano_policy, lengths, left):
             alone = sequence_logprobs(nano_policy.model, row[None])[0]
             span = slice(width - len(row), width - 1) if left else slice(0, len(row) - 1)
             torch.testing.assert_close(got[r, span], alone, atol=1e-4, rtol=0)
+
+
+def test_a_model_left_in_training_mode_with_checkpointing_samples_as_in_eval_mode(nano_dir):
+    # A trainer (TRL's GRPOTrainer) hands over its model in training mode with gradient checkpointing on, where
+    # transformers drops the KV cache: sampling must not see that mode, and must give the mode back.
+    policy = HFPolicy.from_pretrained(nano_dir)
+    sp = SamplingParams(max_new_tokens=12, min_new_tokens=12, n=2, seed=7)
+    reference = [g.token_ids for g in policy.generate([Request(messages=MSGS)], sp)]
+    policy.model.gradient_checkpointing_enable()
+    policy.model.train()
+    assert [g.token_ids for g in policy.generate([Request(messages=MSGS)], sp)] == reference
+    assert policy.model.training
