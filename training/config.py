@@ -34,6 +34,8 @@ AllocatorName = Literal["trace", "grpo", "pcl", "treepo", "uniform_uniform", "un
                         "trace_root_uniform"]
 """`alloc.allocator`: training/allocation/allocators.py builds each (the TRACE variants: training/variants.py)."""
 ALLOCATORS: tuple[str, ...] = get_args(AllocatorName)
+SCALED_VARIANTS = ("trace_root", "trace_refund", "trace_plus")
+"""The allocators that compare prefix gains with root gains, where `alloc.flip_scale` applies."""
 
 AdvantageMethod = Literal["grpo", "tree_grpo", "tree_value"]
 """`optim.advantage`: training/update/advantages.py computes each."""
@@ -264,6 +266,11 @@ class AllocConfig(Section):
     """G: rollouts per prompt for uniform and pcl roots."""
     cap: int = Field(16, ge=2)
     """Most rollouts per prompt for active roots."""
+    flip_scale: bool = False
+    """Scale the prefix gains 1 - q^k by realised/predicted flips per bare outcome, measured online, before they meet
+    root gains (training/variants.py, `FlipScale`): trace_root, trace_refund and trace_plus only."""
+    flip_scale_prior: float = Field(8.0, gt=0)
+    """The flip scale's prior, in predicted flips: it starts at 1 and needs about this many to move halfway."""
 
     @property
     def budget(self) -> StepBudget:
@@ -277,6 +284,9 @@ class AllocConfig(Section):
         total = self.budget.total  # StepBudget checks M and N
         self.check(self.pool_size * self.cap >= self.roots, f"expected alloc.pool_size·cap >= roots, got "
                    f"{self.pool_size}·{self.cap} < {self.roots}; fix: raise alloc.pool_size or alloc.cap")
+        self.check(not self.flip_scale or self.allocator in SCALED_VARIANTS,
+                   f"expected alloc.flip_scale with one of {SCALED_VARIANTS}, got {self.allocator!r}; fix: "
+                   "alloc.allocator=trace_plus or alloc.flip_scale=false")
         needed = max(1, total // self.group_size)
         self.check(self.pool_size >= needed, f"expected alloc.pool_size >= {needed} (= M·(1+N) // group_size "
                    f"prompts), got {self.pool_size}; fix: alloc.pool_size={needed} or raise alloc.group_size")
@@ -306,6 +316,15 @@ class PredictorConfig(Section):
     calibrate: bool = False
     """Recalibrate the predictions online (per depth class, on the last steps' out-of-sample predictions:
     predictor_wrappers.py, CalibratedPredictor)."""
+    logprob_features: bool = False
+    """Give the text-feature model the policy's log-probs of its sampled actions (binned, per turn and path, by
+    depth) and the task's tier (``meta["tier"]``) as features (predictor.py, deviation 7); off: the text alone."""
+
+    @model_validator(mode="after")
+    def _features_for_the_text_model(self) -> PredictorConfig:
+        self.check(not self.logprob_features or self.kind == "features", "expected predictor.kind=features with "
+                   "predictor.logprob_features, got kind=hidden; fix: predictor.logprob_features=false")
+        return self
 
 
 class OptimConfig(Section):

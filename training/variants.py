@@ -24,24 +24,38 @@ Choices where the paper is silent (it has neither change):
    stages saw, so it asks for active roots and prefixes.
 3. The refunded roots run as bare rollouts of their prompts (no continuations) after the continuations, sampled
    with ``derive(seed, step, 4)``, and join the step's root allocation; their metrics are ``alloc/refund*``.
+4. The flip scale (opt-in, ``alloc.flip_scale``; `FlipScale`): the predictor's 1 - q^k at a prefix expects about
+   twice the flips it gets (docs/results.md), because the rollout's outcome r tells more about its prefix than
+   the text does; a root anchor's and a root rollout's gains come from the root's value, which that outcome does
+   not inform. Both comparisons (root anchors against prefixes, the refund's pairs) weigh a prefix's gain by
+   realised / predicted flips of the depth >= 1 anchors, per bare outcome r ∈ {0, 1}, measured on the last
+   ``window`` steps' trees and shrunk towards 1 by a prior worth ``prior`` predicted flips.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from trace_gym.errors import ConfigError
 from trace_gym.seeds import derive
 from trace_gym.training.allocation.allocators import PrefixMode, StagedAllocator
-from trace_gym.training.allocation.solvers import prefix_same_outcome, root_values_by_budget, solve_roots
+from trace_gym.training.allocation.solvers import (
+    prefix_same_outcome,
+    prefix_utility,
+    root_values_by_budget,
+    solve_roots,
+)
 from trace_gym.training.allocation.stages import (
     ContinuationPlan,
+    GainScale,
     PrefixChoice,
     RootAllocation,
     ValueFn,
+    continuation_outcomes,
     open_anchors,
     plan_continuations,
 )
@@ -77,6 +91,70 @@ class Refund:
 NO_REFUND = Refund({}, 0.0, 0.0)
 
 
+def flip_ratio(realised: np.ndarray, predicted: np.ndarray, prior: float) -> np.ndarray:
+    """(realised + prior) / (predicted + prior): realised over predicted flips, 1 without data and shrunk towards 1
+    while predicted flips are few next to ``prior`` (choice 4)."""
+    return (np.asarray(realised, dtype=np.float64) + prior) / (np.asarray(predicted, dtype=np.float64) + prior)
+
+
+class FlipScale:
+    """Realised over predicted flips at depth >= 1 anchors, per bare outcome r ∈ {0, 1} (choice 4); called as a
+    `stages.GainScale`, 1 at a root anchor (node 0) and the scale of its r (linear in r between them) elsewhere.
+
+    `expect` records a plan's anchors with the values it saw once its continuations ran; `observe` scores them on
+    the finished trees. One record per step: realised and predicted flips for r = 0 and for r = 1."""
+
+    def __init__(self, prior: float = 8.0, window: int = 8):
+        if prior <= 0 or window < 1:
+            raise ConfigError(f"expected a prior > 0 and a window >= 1, got {prior}, {window}")
+        self.prior, self.window = prior, window
+        self.records: list[list[float]] = []  # per step: [realised r=0, predicted r=0, realised r=1, predicted r=1]
+        self._pending: list[tuple[PrefixChoice, int]] = []  # (anchor, its tree's first continuation id)
+
+    def scale(self) -> np.ndarray:
+        """(2,): the scale for r = 0 and for r = 1."""
+        sums = np.sum(self.records, axis=0) if self.records else np.zeros(4)
+        return flip_ratio(sums[[0, 2]], sums[[1, 3]], self.prior)
+
+    def __call__(self, nodes: Sequence[int], rewards: np.ndarray) -> np.ndarray:
+        s0, s1 = self.scale()
+        r = np.clip(np.asarray(rewards, dtype=np.float64), 0.0, 1.0)
+        return np.where(np.asarray(nodes) == 0, 1.0, s0 * (1.0 - r) + s1 * r)
+
+    def expect(self, plan: ContinuationPlan, first_new: Mapping[str, int]) -> None:
+        """Remember ``plan``'s depth >= 1 anchors that received continuations and were valued."""
+        self._pending = [(c, first_new.get(c.task_id, 0)) for c in plan.prefixes
+                         if c.node_id != 0 and c.continuations and c.value is not None]
+
+    def observe(self, trees: Mapping[str, RolloutTree]) -> dict[str, float]:
+        """Score the expected anchors on ``trees`` (task id -> finished tree); returns ``alloc/flip_scale_*``."""
+        row = np.zeros(4)
+        for c, first in self._pending:
+            if c.task_id not in trees:
+                continue
+            outcomes = continuation_outcomes(trees[c.task_id], c.node_id, first)
+            r = min(max(c.reward, 0.0), 1.0)
+            share = np.array([1.0 - r, r])
+            row[[0, 2]] += share * float(any(o != c.reward for o in outcomes))
+            row[[1, 3]] += share * float(prefix_utility(r, min(max(float(c.value or 0.0), 0.0), 1.0),
+                                                        c.continuations))
+        self._pending = []
+        if row[1] + row[3] > 0:
+            self.records = [*self.records, row.tolist()][-self.window:]
+        s = self.scale()
+        return {"alloc/flip_scale_0": float(s[0]), "alloc/flip_scale_1": float(s[1]),
+                "alloc/flip_scale_realised": float(row[0] + row[2]),
+                "alloc/flip_scale_predicted": float(row[1] + row[3])}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The records (the pending anchors belong to a step in flight and are not kept)."""
+        return {"records": [list(r) for r in self.records]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` gave."""
+        self.records = [[float(x) for x in r] for r in state.get("records", [])][-self.window:]
+
+
 def bare_outcomes(tree: RolloutTree) -> list[float]:
     """The reward of each finished bare rollout (a root child followed through first-created children)."""
     out = []
@@ -98,15 +176,18 @@ def root_anchors(tree: RolloutTree) -> tuple[list[int], np.ndarray]:
     return nodes, rewards
 
 
-def refund_plan(plan: ContinuationPlan, roots: RootAllocation, cap: int) -> tuple[ContinuationPlan, Refund]:
+def refund_plan(plan: ContinuationPlan, roots: RootAllocation, cap: int,
+                scale: GainScale | None = None) -> tuple[ContinuationPlan, Refund]:
     """Choice 2: ``plan`` with its least useful continuations removed in pairs, and the root rollouts on the
-    pool's unchosen prompts they pay for. Needs the values both stages saw; without them nothing moves."""
+    pool's unchosen prompts they pay for. Needs the values both stages saw; without them nothing moves. With
+    ``scale`` (choice 4) each anchor's marginal gains are weighed by it."""
     units: list[tuple[float, int]] = []  # (marginal gain, index of the choice in plan.prefixes)
     for i, c in enumerate(plan.prefixes):
         if c.value is None:
             continue
         q = float(prefix_same_outcome(c.reward, min(max(c.value, 0.0), 1.0)))
-        units += [(q**t * (1.0 - q), i) for t in range(c.continuations)]
+        s = float(scale([c.node_id], np.array([c.reward]))[0]) if scale is not None else 1.0
+        units += [(s * q**t * (1.0 - q), i) for t in range(c.continuations)]
     rest = [j for j, tid in enumerate(roots.task_ids) if tid not in roots.counts]
     if roots.values is None or not rest or len(units) < 2:
         return plan, NO_REFUND
@@ -137,19 +218,24 @@ class VariantAllocator(StagedAllocator):
 
     root_anchor: bool = False
     refund: bool = False
+    flip_scale: FlipScale | None = None  # choice 4 (None: the gains as the predictor has them)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.refund and not (self.roots == "active" and self.prefixes == "active"):
             raise ConfigError(f"expected active roots and prefixes for a refund, got {self.roots}/{self.prefixes}: "
                               "the refund compares both stages' predicted gains")
+        if self.flip_scale is not None and self.prefixes != "active":
+            raise ConfigError(f"expected active prefixes for a flip scale, got {self.prefixes}: uniform prefixes "
+                              "read no gain to scale; fix: drop alloc.flip_scale")
 
     def plan(self, values: ValueFn, trees: Mapping[str, RolloutTree], roots: RootAllocation, budget: StepBudget,
              rng: np.random.Generator) -> tuple[ContinuationPlan, Refund]:
-        """Stage 2 over the anchors (with agreeing roots when ``root_anchor``), then the refund when ``refund``."""
+        """Stage 2 over the anchors (with agreeing roots when ``root_anchor``), then the refund when ``refund``;
+        prefix gains weighed by the flip scale when there is one."""
         plan = plan_continuations(self, values, trees, roots, budget, rng,
-                                  root_anchors if self.root_anchor else open_anchors)
-        return refund_plan(plan, roots, self.cap) if self.refund else (plan, NO_REFUND)
+                                  root_anchors if self.root_anchor else open_anchors, self.flip_scale)
+        return refund_plan(plan, roots, self.cap, self.flip_scale) if self.refund else (plan, NO_REFUND)
 
     def expand(self, collector: Collector, values: ValueFn, roots: RootAllocation, budget: StepBudget,
                rng: np.random.Generator, *, seed: int, step: int) -> Expansion:
@@ -157,15 +243,35 @@ class VariantAllocator(StagedAllocator):
         plan, refund = self.plan(values, collector.trees, roots, budget, rng)
         first_new = {tid: len(tree) for tid, tree in collector.trees.items()}
         stats = collector.continuations(plan.counts(), seed=derive(seed, step, 1))
+        if self.flip_scale is not None:
+            self.flip_scale.expect(plan, first_new)
         if refund.counts:
             stats += collector.bare_rollouts(refund.counts, seed=derive(seed, step, 4))
             roots = RootAllocation(roots.task_ids, roots.values, {**roots.counts, **refund.counts})
         return Expansion(roots, plan, stats, first_new, refund.metrics())
 
+    def observe(self, trees: Mapping[int, Any]) -> dict[str, float]:
+        """The flip scale scores this step's anchors on the finished trees ({pool index: tree}); without one,
+        nothing."""
+        if self.flip_scale is None:
+            return {}
+        return self.flip_scale.observe({tree.task_id: tree for tree in trees.values()})
 
-def make_variant(name: str, group_size: int = 8, cap: int = 16) -> VariantAllocator:
-    """The variant ``name`` (one of ``VARIANTS``)."""
+    def state_dict(self) -> dict[str, Any]:
+        """The flip scale's records ({} without one)."""
+        return {"flip_scale": self.flip_scale.state_dict()} if self.flip_scale is not None else {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` gave."""
+        if self.flip_scale is not None and "flip_scale" in state:
+            self.flip_scale.load_state_dict(state["flip_scale"])
+
+
+def make_variant(name: str, group_size: int = 8, cap: int = 16,
+                 flip_scale_prior: float | None = None) -> VariantAllocator:
+    """The variant ``name`` (one of ``VARIANTS``), with a fresh `FlipScale` of that prior when one is given."""
     if name not in VARIANTS:
         raise ConfigError(f"expected a TRACE variant in {tuple(VARIANTS)}, got {name!r}")
     prefixes, root_anchor, refund = VARIANTS[name]
-    return VariantAllocator(name, "active", prefixes, False, group_size, cap, root_anchor, refund)
+    scale = FlipScale(flip_scale_prior) if flip_scale_prior is not None else None
+    return VariantAllocator(name, "active", prefixes, False, group_size, cap, root_anchor, refund, scale)

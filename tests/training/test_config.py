@@ -48,6 +48,8 @@ def test_dump_and_load_round_trip(tmp_path):
     (["log.save_trees=0"], "fix: log.save_trees=first_last"),
     (["distributed=mpi"], "fix: distributed=none"),
     (["distributed=ray", "ray.workers=0"], "fix: ray.workers=2"),
+    (["alloc.flip_scale=true"], "fix: alloc.allocator=trace_plus"),
+    (["predictor.kind=hidden", "predictor.logprob_features=true"], "fix: predictor.logprob_features=false"),
 ])
 def test_invalid_values_raise_with_the_fix(overrides, fix):
     with pytest.raises(ConfigError, match="fix") as err:

@@ -338,12 +338,18 @@ VARIANTS: dict[str, str] = dict.fromkeys(("trace_root", "trace_refund", "trace_p
                                          "trace_gym.training.variants")
 
 
-def make_allocator(name: str, group_size: int = 8, cap: int = 16) -> StagedAllocator | AdaptiveAllocator:
-    """A named allocator: one of ``ALLOCATORS`` (a fresh one: ``trace_adaptive`` keeps state across steps)."""
+def make_allocator(name: str, group_size: int = 8, cap: int = 16,
+                   flip_scale_prior: float | None = None) -> StagedAllocator | AdaptiveAllocator:
+    """A named allocator: one of ``ALLOCATORS`` (a fresh one: ``trace_adaptive`` keeps state across steps).
+    ``flip_scale_prior`` gives a TRACE variant a flip scale (training/variants.py, `FlipScale`)."""
+    if flip_scale_prior is not None and name not in VARIANTS:
+        raise ConfigError(f"expected a TRACE variant in {tuple(VARIANTS)} for a flip scale, got {name!r}; fix: "
+                          "drop alloc.flip_scale")
     if name == "trace_adaptive":
         return AdaptiveAllocator(name, group_size, cap)
     if name in VARIANTS:
-        made: StagedAllocator = importlib.import_module(VARIANTS[name]).make_variant(name, group_size, cap)
+        made: StagedAllocator = importlib.import_module(VARIANTS[name]).make_variant(name, group_size, cap,
+                                                                                      flip_scale_prior)
         return made
     if name not in _MODES:
         raise ConfigError(f"expected an allocator in {ALLOCATORS}, got {name!r}")

@@ -26,6 +26,14 @@ Deviations and choices where the paper is silent:
    ``children`` (opt-in) averages a node's children's targets instead, each child once (a child is one draw of
    the policy from the node), weighted by the number of children: an expanded subtree then counts once at
    its ancestors.
+7. Resolution features (opt-in, ``logprob_features``; `predictor.logprob_features`): the policy's own log-probs
+   of the actions it sampled (per turn: sum, mean and min over the action's tokens, `Prefix.logprobs`) in
+   half-octave bins of their magnitude, for the last turn and the path so far, each alone and crossed with the
+   depth; and the task's tier (``tiers``: task id -> ``meta["tier"]``; a tree knows only its task id), alone, by
+   depth and crossed with the last turn's bins. The text shows what was written, not whether the policy was
+   sure of it: a copied number the policy hesitated over is more often wrong. Bins, not values, so that a
+   logistic model can give each confidence band its own weight. NaN log-probs are dropped and -inf is clipped
+   at -50; a turn without log-probs gives no feature. Off by default: its features would move every value.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from __future__ import annotations
 import itertools
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,6 +52,20 @@ from trace_gym.errors import ConfigError
 from trace_gym.tree_stats import tree_arrays, tree_values
 
 _WORD = re.compile(r"\w+|[^\w\s]")  # words and single symbols: operators and brackets carry difficulty
+_LOGPROB_FLOOR = -50.0  # where -inf (a token the sampler should never have drawn) is clipped
+
+TurnLogprobs = tuple[float, float, float]
+"""One action's log-probability summary: (sum, mean, min) over its sampled tokens."""
+
+
+def logprob_summary(logprobs: Sequence[float] | None) -> TurnLogprobs | None:
+    """(sum, mean, min) of an action's token log-probs, NaN dropped and -inf clipped at -50 (deviation 7);
+    None when none is left."""
+    x = np.asarray(logprobs if logprobs is not None else [], dtype=np.float64)
+    x = np.clip(x[~np.isnan(x)], _LOGPROB_FLOOR, 0.0)
+    if len(x) == 0:
+        return None
+    return float(x.sum()), float(x.mean()), float(x.min())
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,7 @@ class Prefix:
     prompt: str
     turns: tuple[tuple[str, str], ...] = ()  # (action, observation) per turn
     errors: tuple[bool, ...] = ()  # per turn: the env flagged a model mistake (info["error"])
+    logprobs: tuple[TurnLogprobs | None, ...] = ()  # per turn: the sampled action's log-probs (deviation 7)
 
     @property
     def depth(self) -> int:
@@ -65,7 +88,9 @@ class Prefix:
         path = tree.path(node_id)
         turns = tuple((n.action or "", n.observation) for n in path[1:])
         errors = tuple(bool(n.info.get("error")) for n in path[1:])
-        return cls(str(tree.task_id), path[0].observation, turns, errors)
+        logprobs = tuple(logprob_summary(n.logprobs) for n in path[1:])
+        return cls(str(tree.task_id), path[0].observation, turns, errors,
+                   logprobs if any(s is not None for s in logprobs) else ())
 
 
 class Predictor(Protocol):
@@ -144,13 +169,18 @@ class FeaturePredictor:
     _DENSE = 6  # bias, depth/8, error count/8, error fraction, answer given, last turn was an error
 
     def __init__(self, dim: int = 2**14, lr: float = 0.01, steps: int = 60, l2: float = 1e-4,
-                 max_chars: int = 2000, env_feature: bool = False):
+                 max_chars: int = 2000, env_feature: bool = False, logprob_features: bool = False,
+                 tiers: Mapping[str, str] | None = None):
         if dim <= self._DENSE:
             raise ConfigError(f"expected dim > {self._DENSE}, got {dim}")
         self.dim, self.lr, self.steps, self.l2, self.max_chars = dim, lr, steps, l2, max_chars
         self.env_feature = env_feature
         """Add the prompt's env (the key of its namespaced task id, `trace_gym.env_mix`) as a feature of its own:
         a mixed run's envs differ in difficulty, and unseen prompts share it (off for one env: no feature)."""
+        self.logprob_features = logprob_features
+        """Add the binned log-probs of the policy's sampled actions and the task's tier (deviation 7)."""
+        self.tiers = dict(tiers or {})
+        """Task id -> its tier (``meta["tier"]``), read only with ``logprob_features``; a task without one has none."""
         self.w = np.zeros(dim)
         self._m = np.zeros(dim)
         self._v = np.zeros(dim)
@@ -179,6 +209,11 @@ class FeaturePredictor:
         }
         if self.env_feature:
             groups["e"] = [env_of(prefix.task_id)]
+        if self.logprob_features:
+            groups["l"] = _logprob_tokens(prefix)
+            tier = self.tiers.get(prefix.task_id)
+            if tier:
+                groups["t"] = _tier_tokens(tier, prefix)
         for ns, tokens in groups.items():
             uniq = set(tokens)
             for tok in uniq:
@@ -240,6 +275,32 @@ class FeaturePredictor:
         self._m = np.array(state["m"], dtype=np.float64)
         self._v = np.array(state["v"], dtype=np.float64)
         self._t = int(state["t"])
+
+
+def _magnitude_bin(logprob: float) -> str:
+    """Half-octave bins of -logprob (deviation 7): 0.01 and 0.012 share one, 0.01 and 0.1 do not."""
+    return str(int(np.floor(2 * np.log2(max(-logprob, 1e-4)))))
+
+
+def _logprob_tokens(prefix: Prefix) -> list[str]:
+    """Bins of the last turn's (sum, mean, min) and of the path's total and least log-prob, each alone and by depth
+    (deviation 7); none for a prefix without log-probs."""
+    d = min(prefix.depth, 16)
+    known = [t for t in prefix.logprobs if t is not None]
+    last = prefix.logprobs[-1] if prefix.logprobs else None
+    named = list(zip(("s", "m", "n"), last)) if last is not None else []
+    if known:
+        named += [("ps", sum(t[0] for t in known)), ("pn", min(t[2] for t in known))]
+    return [tok for name, x in named for tok in (f"{name}:{_magnitude_bin(x)}", f"{name}:{d}:{_magnitude_bin(x)}")]
+
+
+def _tier_tokens(tier: str, prefix: Prefix) -> list[str]:
+    """The tier alone, by depth, and crossed with the last turn's mean and min log-prob bins (deviation 7)."""
+    out = [tier, f"{tier}:{min(prefix.depth, 16)}"]
+    last = prefix.logprobs[-1] if prefix.logprobs else None
+    if last is not None:
+        out += [f"{tier}:m:{_magnitude_bin(last[1])}", f"{tier}:n:{_magnitude_bin(last[2])}"]
+    return out
 
 
 def _size_bucket(n: int) -> str:

@@ -114,11 +114,13 @@ def root_values_by_budget(values: np.ndarray, budget: int, cap: int) -> np.ndarr
     return _root_dp(values, budget, cap)[0]
 
 
-def solve_prefixes(rewards: np.ndarray, values: np.ndarray, budget: int) -> np.ndarray:
-    """K maximising Σ (1 - q_j^K_j) with Σ K = budget (greedy by marginal gain q^K(1-q); exact: concave).
+def solve_prefixes(rewards: np.ndarray, values: np.ndarray, budget: int,
+                   scale: np.ndarray | None = None) -> np.ndarray:
+    """K maximising Σ s_j (1 - q_j^K_j) with Σ K = budget (greedy by marginal gain s·q^K(1-q); exact: concave).
 
     rewards: (P,) the reward of the bare rollout each prefix lies on; values: (P,) predicted success of the
-    prefix. Returns (P,) int64 continuation counts.
+    prefix; scale: (P,) s_j >= 0, what a predicted flip of prefix j is worth (None: 1 each, the paper's).
+    Returns (P,) int64 continuation counts.
     """
     r = np.asarray(rewards, dtype=np.float64)
     v = np.asarray(values, dtype=np.float64)
@@ -134,12 +136,15 @@ def solve_prefixes(rewards: np.ndarray, values: np.ndarray, budget: int) -> np.n
     if len(r) == 0:
         raise ConfigError(f"expected at least one prefix to spend a budget of {budget}, got none; fix: send "
                           "the budget to the root (extra bare rollouts) when a prompt has no open prefix")
+    s = np.ones(len(r)) if scale is None else np.asarray(scale, dtype=np.float64)
+    if s.shape != r.shape or not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError(f"expected a scale of shape {r.shape} with finite values >= 0, got {s!r}")
     q = prefix_same_outcome(r, v)
-    # Max-heap on gain, ties to the lower index; the gain of the next continuation is q^K (1 - q).
-    heap = [(-(1.0 - qj), j) for j, qj in enumerate(q)]
+    # Max-heap on gain, ties to the lower index; the gain of the next continuation is s·q^K (1 - q).
+    heap = [(-s[j] * (1.0 - qj), j) for j, qj in enumerate(q)]
     heapq.heapify(heap)
     for _ in range(budget):
         _, j = heapq.heappop(heap)
         k[j] += 1
-        heapq.heappush(heap, (-(q[j] ** k[j]) * (1.0 - q[j]), j))
+        heapq.heappush(heap, (-s[j] * (q[j] ** k[j]) * (1.0 - q[j]), j))
     return k

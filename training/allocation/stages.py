@@ -31,7 +31,7 @@ from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import Allocator, expand_counts
 from trace_gym.training.allocation.metrics import brier, calibration_metrics, rank_correlation
 from trace_gym.training.allocation.predictor import Predictor, Prefix, training_examples
-from trace_gym.training.allocation.solvers import prefix_utility, root_utility
+from trace_gym.training.allocation.solvers import prefix_utility, root_utility, solve_prefixes
 from trace_gym.training.config import StepBudget
 from trace_gym.tree import RolloutTree
 from trace_gym.tree_stats import tree_values
@@ -42,6 +42,10 @@ ValueFn = Callable[[Sequence[Prefix]], np.ndarray]
 Anchors = Callable[[RolloutTree], tuple[list[int], np.ndarray]]
 """Where stage 2 may continue in a tree after its bare rollouts: node ids, and the reward r in [0, 1] of the bare
 rollout each lies on (choice 1)."""
+
+GainScale = Callable[[Sequence[int], np.ndarray], np.ndarray]
+"""What one predicted flip is worth at each anchor, from its node ids and rewards r (stage 2 then maximises
+Σ s·(1 - q^k): `solvers.solve_prefixes`'s ``scale``; training/variants.py, `FlipScale`)."""
 
 
 # --------------------------------------------------------------------------------------------- stage 1
@@ -140,8 +144,9 @@ def open_anchors(tree: RolloutTree) -> tuple[list[int], np.ndarray]:
 
 def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str, RolloutTree],
                        roots: RootAllocation, budget: StepBudget, rng: np.random.Generator,
-                       anchors: Anchors = open_anchors) -> ContinuationPlan:
-    """Stage 2: each prompt's budget `prefix_budget(m_i)` over its ``anchors`` (choice 1)."""
+                       anchors: Anchors = open_anchors, scale: GainScale | None = None) -> ContinuationPlan:
+    """Stage 2: each prompt's budget `prefix_budget(m_i)` over its ``anchors`` (choice 1); with ``scale``, an
+    allocator that reads prefix values weighs each anchor's gain by it."""
     choices: list[PrefixChoice] = []
     root_extra: dict[str, int] = {}
     for tid, tree in trees.items():
@@ -151,12 +156,21 @@ def plan_continuations(allocator: Allocator, values: ValueFn, trees: Mapping[str
         nodes, rewards = anchors(tree)
         predicted = bool(allocator.needs_prefix_values and nodes)
         estimates = values([Prefix.from_tree(tree, n) for n in nodes]) if predicted else np.full(len(nodes), 0.5)
-        counts, extra = expand_counts(allocator, rewards, estimates, b, rng)
+        if scale is not None and predicted:
+            counts, extra = solve_prefixes(rewards, np.clip(estimates, 0.0, 1.0), b, scale(nodes, rewards)), 0
+        else:
+            counts, extra = expand_counts(allocator, rewards, estimates, b, rng)
         choices.extend(PrefixChoice(tid, n, float(r), float(v) if predicted else None, int(k))
                        for n, r, v, k in zip(nodes, rewards, estimates, counts))
         if extra:
             root_extra[tid] = int(extra)
     return ContinuationPlan(tuple(choices), root_extra)
+
+
+def continuation_outcomes(tree: RolloutTree, node_id: int, first_new: int) -> list[float]:
+    """The rewards of the leaves below the children of ``node_id`` created from node ``first_new`` on (one stage-2
+    plan's continuations from that anchor, choice 3)."""
+    return [float(leaf.reward) for k in tree[node_id].children if k >= first_new for leaf in tree.leaves(k)]
 
 
 def flip_metrics(trees: Mapping[str, RolloutTree], plan: ContinuationPlan, first_new: Mapping[str, int]
@@ -168,9 +182,7 @@ def flip_metrics(trees: Mapping[str, RolloutTree], plan: ContinuationPlan, first
         anchors = [c for c in plan.prefixes if c.continuations and keep(c)]
         flips, expected, continuations, flipped_continuations = 0, 0.0, 0, 0
         for c in anchors:
-            tree = trees[c.task_id]
-            outcomes = [float(leaf.reward) for k in tree[c.node_id].children if k >= first_new.get(c.task_id, 0)
-                        for leaf in tree.leaves(k)]
+            outcomes = continuation_outcomes(trees[c.task_id], c.node_id, first_new.get(c.task_id, 0))
             other = sum(o != c.reward for o in outcomes)
             flips += other > 0
             flipped_continuations += other

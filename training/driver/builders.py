@@ -93,16 +93,21 @@ def hidden_state_fn(model: torch.nn.Module, tokenizer: Any, max_tokens: int = 10
     return fn
 
 
-def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., torch.Tensor], int]]) -> Predictor:
+def make_predictor(cfg: TrainConfig, hidden: Callable[[], tuple[Callable[..., torch.Tensor], int]],
+                   tasks: Sequence[Task] = ()) -> Predictor:
     """``predictor.kind``: the text-feature model, or a head on hidden states; ``hidden()`` gives the hidden-state
     function (`hidden_state_fn`) and its width, and is called only for that kind. ``predictor.replay`` and
     ``predictor.prior_strength`` wrap it in the memory wrappers (`predictor_wrappers.with_memory`; off by
     default), and ``predictor.calibrate`` in the online recalibration (`predictor_wrappers.CalibratedPredictor`).
     With ``env.mix`` the predictor is told each prompt's env: a feature of its own (`FeaturePredictor`'s
-    ``env_feature``), or the env's name leading the text the hidden state reads (`hidden_state_fn`'s ``env_tag``)."""
+    ``env_feature``), or the env's name leading the text the hidden state reads (`hidden_state_fn`'s ``env_tag``).
+    ``predictor.logprob_features`` adds the policy's log-probs and the tiers of ``tasks`` (``meta["tier"]``) to the
+    text-feature model's features."""
     p = cfg.predictor
     if p.kind == "features":
-        inner: Predictor = FeaturePredictor(lr=p.lr, steps=p.steps, env_feature=bool(cfg.env.mix))
+        tiers = {t.id: str(t.meta["tier"]) for t in tasks if t.meta.get("tier")}
+        inner: Predictor = FeaturePredictor(lr=p.lr, steps=p.steps, env_feature=bool(cfg.env.mix),
+                                            logprob_features=p.logprob_features, tiers=tiers)
     else:
         fn, size = hidden()
         inner = HiddenStatePredictor(fn, size, lr=p.lr, steps=p.steps, seed=cfg.seed)

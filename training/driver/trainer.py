@@ -124,10 +124,8 @@ class Trainer:
         # The generation backend shares the trained model when it can, else holds its own copy or engine.
         self.policy = (make_policy(cfg, self.learner.model, self.tokenizer, model_path)
                        if self.learner.shares_weights else worker_policy(cfg, model_path))
-        self.predictor = make_predictor(cfg, lambda: (hidden_state_fn(self._features_model(), self.tokenizer,
-                                                                      env_tag=bool(cfg.env.mix)),
-                                                      self.learner.config.hidden_size))
-        self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap)
+        self.allocator = make_allocator(cfg.alloc.allocator, cfg.alloc.group_size, cfg.alloc.cap,
+                                        cfg.alloc.flip_scale_prior if cfg.alloc.flip_scale else None)
         self.budget = cfg.alloc.budget
         self.stream: TaskStream | mix.MixedStream = (
             mix.MixedStream.of(self.make_env, cfg.seed, TaskStream) if isinstance(self.make_env, mix.EnvMix)
@@ -137,6 +135,9 @@ class Trainer:
         if cfg.alloc.pool_size > len(self.stream.tasks):
             raise ConfigError(f"expected alloc.pool_size <= the {len(self.stream.tasks)} training prompts, got "
                               f"{cfg.alloc.pool_size}; fix: alloc.pool_size={len(self.stream.tasks)} or more data")
+        self.predictor = make_predictor(cfg, lambda: (hidden_state_fn(self._features_model(), self.tokenizer,
+                                                                      env_tag=bool(cfg.env.mix)),
+                                                      self.learner.config.hidden_size), self.stream.tasks)
         self.collector = make_collector(cfg, self.policy, self.make_env, self.stream.tasks, self.sampling,
                                         self.tokenizer, model_path)
         self.eval_tasks: list[Task] = (mix.eval_tasks(self.make_eval_env, cfg.eval.tasks)

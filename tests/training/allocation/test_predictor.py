@@ -1,8 +1,16 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from trace_gym.training.allocation.predictor import FeaturePredictor, HiddenStatePredictor, Prefix, training_examples
+from trace_gym.training.allocation.predictor import (
+    FeaturePredictor,
+    HiddenStatePredictor,
+    Prefix,
+    logprob_summary,
+    training_examples,
+)
 from trace_gym.tree import RolloutTree
 
 
@@ -88,6 +96,89 @@ def test_feature_predictor_takes_any_text():
            Prefix("y", "a" * 100_000, (("", ""),) * 40)]
     p = FeaturePredictor(dim=256).predict(odd)
     assert p.shape == (3,) and np.all((p >= 0) & (p <= 1))
+
+
+# The default features of one prefix, as (column, value) at dim 4096: the quickstart's figures and the registered
+# experiment's plans rest on them, so the opt-in features must leave them exactly as they were.
+PINNED = [(0, 1.0), (1, 0.25), (2, 0.125), (3, 0.5), (4, 0.0), (5, 1.0), (117, 0.208514414057), (155, 0.208514414057),
+          (191, 0.208514414057), (231, 0.4472135955), (305, 0.258198889747), (309, 0.208514414057),
+          (401, 0.258198889747), (465, 0.258198889747), (547, 0.258198889747), (581, 0.258198889747),
+          (637, 0.208514414057), (920, 1.0), (971, 0.208514414057), (973, 0.258198889747), (1063, 0.258198889747),
+          (1094, 0.258198889747), (1221, 0.258198889747), (1268, 0.258198889747), (1312, 0.208514414057),
+          (1386, 0.208514414057), (1497, 0.4472135955), (1508, 0.258198889747), (1527, 0.208514414057),
+          (1551, 0.208514414057), (1614, 0.258198889747), (1641, 0.208514414057), (1735, 1.0),
+          (1918, 0.258198889747), (2083, 0.4472135955), (2305, 0.208514414057), (2423, 0.208514414057),
+          (2491, 0.208514414057), (2550, 0.4472135955), (2914, 1.0), (3020, 0.208514414057), (3172, 0.208514414057),
+          (3208, 0.208514414057), (3229, 0.258198889747), (3552, 0.208514414057), (3560, 0.208514414057),
+          (3703, 0.258198889747), (3710, 1.0), (3897, 0.208514414057), (3969, 0.4472135955), (4055, 0.208514414057),
+          (4078, 0.208514414057), (4091, 0.208514414057)]
+
+
+def _chain_prefix(logprobs=()) -> Prefix:
+    turns = (("<calc>3+4</calc>", "7"), ("<calc>7*2</calc>", "Error: bad"))
+    return Prefix("chain-7", "Compute a = 3 + 4; b = a * 2.", turns, (False, True), logprobs)
+
+
+def _pairs(pred: FeaturePredictor, prefix: Prefix) -> list[tuple[int, float]]:
+    cols, vals = pred.features(prefix)
+    return sorted(zip(cols.tolist(), [round(v, 12) for v in vals.tolist()]))
+
+
+def test_the_default_features_of_a_fixed_prefix_are_pinned_and_ignore_logprobs_and_tiers():
+    assert _pairs(FeaturePredictor(dim=4096), _chain_prefix()) == PINNED
+    told = FeaturePredictor(dim=4096, tiers={"chain-7": "tool"})  # tiers are read only with logprob_features
+    assert _pairs(told, _chain_prefix(((-1.0, -0.5, -0.9), (-3.0, -1.0, -2.5)))) == PINNED
+
+
+def test_prefix_from_tree_summarises_each_actions_logprobs():
+    tree = _hand_tree()
+    assert Prefix.from_tree(tree, 4).logprobs == ()  # a tree written without a tokenizer: no summary
+    tree[1].logprobs = [-0.5, -1.5]
+    tree[4].logprobs = [float("nan"), -float("inf"), -0.25]
+    p = Prefix.from_tree(tree, 4)
+    assert p.logprobs[0] == pytest.approx((-2.0, -1.0, -1.5))
+    assert p.logprobs[1] == pytest.approx((-50.25, -25.125, -50.0))  # NaN dropped, -inf clipped at -50
+    assert logprob_summary([float("nan")]) is None and logprob_summary(None) is None
+
+
+def test_logprob_features_tell_apart_prefixes_the_text_cannot():
+    """Two copies of one text: the policy was sure of one action (it succeeds) and hesitated over the other."""
+    sure, unsure = ((-0.01, -0.002, -0.005),), ((-6.0, -1.2, -4.0),)
+    prefixes = [Prefix(f"t{i}", "Compute 3 + 4.", (("<calc>3+4</calc>", "7"),), (False,), lp)
+                for i in range(32) for lp in (sure, unsure)]
+    targets = np.array([1.0, 0.0] * 32)
+    plain, told = FeaturePredictor(dim=1024, steps=200), FeaturePredictor(dim=1024, steps=200, logprob_features=True)
+    for pred in (plain, told):
+        pred.fit(prefixes, targets, np.ones(64))
+    probe = [Prefix("new", "Compute 3 + 4.", (("<calc>3+4</calc>", "7"),), (False,), lp) for lp in (sure, unsure)]
+    assert plain.predict(probe)[0] == plain.predict(probe)[1]
+    high, low = told.predict(probe)
+    assert high > 0.8 and low < 0.2, (high, low)
+
+
+def test_the_tier_is_a_feature_of_the_tasks_that_carry_one():
+    prefixes = [Prefix(f"{tier}{i}", f"Compute {i} + {i}.") for tier in ("easy", "hard") for i in range(16)]
+    tiers = {p.task_id: p.task_id.rstrip("0123456789") for p in prefixes}
+    targets = np.array([1.0] * 16 + [0.0] * 16)
+    pred = FeaturePredictor(dim=1024, steps=200, logprob_features=True, tiers={**tiers, "easy99": "easy"})
+    pred.fit(prefixes, targets, np.ones(32))
+    easy, untiered = pred.predict([Prefix("easy99", "Compute 99 + 99."), Prefix("other", "Compute 99 + 99.")])
+    assert easy > 0.7 and abs(untiered - 0.5) < abs(easy - 0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.floats(), max_size=6), min_size=1, max_size=4))  # NaN, ±inf and > 0 included
+def test_logprob_features_take_any_logprobs(turns):
+    tree = RolloutTree("t", "Compute 1 + 2.")
+    node = 0
+    for lp in turns:
+        node = tree.add(node, "<calc>1+2</calc>", "3").id
+        tree[node].logprobs = lp
+    prefix = Prefix.from_tree(tree, node)
+    pred = FeaturePredictor(dim=512, logprob_features=True, tiers={"t": "guess"})
+    pred.fit([prefix], np.array([1.0]), np.array([1.0]))
+    p = pred.predict([prefix])
+    assert p.shape == (1,) and 0.0 <= p[0] <= 1.0
 
 
 def test_fit_rejects_targets_outside_unit_interval():

@@ -91,6 +91,19 @@ def test_solve_prefixes_matches_brute_force(pairs, budget):
     assert float(np.sum(prefix_utility(r, v, k))) == pytest.approx(_brute_prefixes(r, v, budget), abs=1e-9)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 1.0]), probs, st.floats(0.0, 3.0)), min_size=1, max_size=4),
+       st.integers(0, 6))
+def test_scaled_solve_prefixes_matches_brute_force_and_a_scale_of_one_changes_nothing(triples, budget):
+    r, v, s = (np.array([t[i] for t in triples]) for i in range(3))
+    k = solve_prefixes(r, v, budget, s)
+    assert k.sum() == budget
+    best = max(float(np.sum(s * prefix_utility(r, v, np.array(ks))))
+               for ks in itertools.product(range(budget + 1), repeat=len(r)) if sum(ks) == budget)
+    assert float(np.sum(s * prefix_utility(r, v, k))) == pytest.approx(best, abs=1e-9)
+    assert solve_prefixes(r, v, budget, np.ones(len(r))).tolist() == solve_prefixes(r, v, budget).tolist()
+
+
 def test_solve_prefixes_prefers_surprising_prefixes():
     # A success whose prefix was predicted to fail (v = 0.1) is where continuations most likely differ.
     k = solve_prefixes(np.array([1.0, 1.0, 0.0]), np.array([0.95, 0.1, 0.05]), 3)

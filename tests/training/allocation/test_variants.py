@@ -23,7 +23,7 @@ from trace_gym.training.allocation.stages import (
 from trace_gym.training.config import StepBudget
 from trace_gym.training.simulation import SimCollector, make_tasks
 from trace_gym.training.step import take_step
-from trace_gym.training.variants import VariantAllocator, make_variant, refund_plan
+from trace_gym.training.variants import FlipScale, VariantAllocator, flip_ratio, make_variant, refund_plan
 from trace_gym.tree import RolloutTree
 
 
@@ -178,3 +178,81 @@ def test_root_anchors_find_flips_where_the_decision_is_taken_at_the_first_turn()
 
     plan, _ = make_variant("trace_root").plan(values, trees, roots, StepBudget(4, 2), np.random.default_rng(0))
     assert {c.task_id: c.continuations for c in plan.prefixes if c.node_id == 0} == {"t0": 4, "t1": 4}
+
+
+def flipping_step(scale: FlipScale, n: int, flip_every: int, value: float = 0.5) -> ContinuationPlan:
+    """``n`` two-turn trees, each with one bare rollout that succeeded and two continuations from its prefix, one
+    anchor in ``flip_every`` flipping (its continuations failed); the scale expects and then observes them."""
+    trees = {f"t{i}": two_turn_tree(f"t{i}", [1.0]) for i in range(n)}
+    plan = ContinuationPlan(tuple(PrefixChoice(tid, 1, 1.0, value, 2) for tid in trees), {})
+    scale.expect(plan, {tid: len(tree) for tid, tree in trees.items()})
+    for i, tree in enumerate(trees.values()):
+        for _ in range(2):
+            tree.add(1, "answer", "", 0.0 if i % flip_every == 0 else 1.0, terminated=True)
+    scale.observe(trees)
+    return plan
+
+
+def test_the_flip_scale_starts_at_one_and_moves_toward_realised_over_predicted() -> None:
+    scale = FlipScale(prior=8.0)
+    assert scale.scale().tolist() == [1.0, 1.0]
+    flipping_step(scale, 8, flip_every=4)  # 2 of 8 flipped, 8 x 0.75 predicted: realised / predicted = 1/3
+    s0, s1 = scale.scale()
+    assert s0 == 1.0 and s1 == pytest.approx((2 + 8) / (6 + 8))  # no r = 0 anchor: that side keeps its prior
+    for _ in range(7):
+        flipping_step(scale, 64, flip_every=4)
+    assert scale.scale()[1] == pytest.approx(flip_ratio(np.array(2 + 16 * 7), np.array(6 + 48 * 7), 8.0))
+    assert abs(scale.scale()[1] - 1 / 3) < 0.03
+
+
+def test_the_flip_scale_keeps_its_window_and_round_trips_its_state() -> None:
+    scale = FlipScale(prior=4.0, window=3)
+    for every in (1, 2, 4, 8):
+        flipping_step(scale, 16, flip_every=every)
+    assert len(scale.records) == 3  # the first step's record has left the window
+    again = FlipScale(prior=4.0, window=3)
+    again.load_state_dict(scale.state_dict())
+    assert again.scale().tolist() == scale.scale().tolist() and again.records == scale.records
+    assert scale(np.array([0, 1]), np.array([1.0, 1.0])).tolist() == [1.0, scale.scale()[1]]  # roots unscaled
+
+
+def test_a_scaled_down_prefix_gain_gives_its_continuations_to_the_root_anchor() -> None:
+    """One prompt whose two bare rollouts failed, every value 0.5: the root and the prefixes share the first
+    gains (0.5 each, then the root's 0.25). Once prefix flips come at 18/108 of their prediction (a prefix's first
+    continuation is worth 0.083), the root also takes its third (0.125)."""
+    trees = {"t": two_turn_tree("t", [0.0, 0.0])}
+    roots = RootAllocation(("t",), np.array([0.5]), {"t": 2})
+    budget, rng = StepBudget(2, 2), np.random.default_rng(0)
+    plain, _ = make_variant("trace_root").plan(constant(0.5), trees, roots, budget, rng)
+    scaled_variant = make_variant("trace_root", flip_scale_prior=8.0)
+    assert scaled_variant.flip_scale is not None
+    scaled_variant.flip_scale.records = [[10.0, 100.0, 10.0, 100.0]]
+    scaled, _ = scaled_variant.plan(constant(0.5), trees, roots, budget, rng)
+    at_root = {plan_name: sum(c.continuations for c in plan.prefixes if c.node_id == 0)
+               for plan_name, plan in (("plain", plain), ("scaled", scaled))}
+    assert (at_root["plain"], at_root["scaled"]) == (2, 3)
+    assert sum(c.continuations for c in scaled.prefixes) == 4  # the prompt's budget, spent exactly
+
+
+def test_a_flip_scale_needs_a_variant_with_active_prefixes() -> None:
+    with pytest.raises(ConfigError, match="flip scale"):
+        make_variant("trace_root_uniform", flip_scale_prior=8.0)
+    with pytest.raises(ConfigError, match="flip scale"):
+        make_allocator("trace", flip_scale_prior=8.0)
+
+
+def test_a_variant_with_a_flip_scale_learns_it_on_the_simulation_and_checkpoints_it() -> None:
+    tasks = make_tasks(96, seed=0)
+    predictor, budget = FeaturePredictor(dim=512), StepBudget(16, 2)
+    collector, allocator = SimCollector(tasks), make_allocator("trace_plus", group_size=4, cap=4, flip_scale_prior=8.0)
+    assert make_allocator("trace_plus").state_dict() == {}  # without a scale, nothing to keep
+    for step in (1, 2, 3):
+        result = take_step(collector, allocator, predictor, tasks[:48], budget, seed=0, step=step)
+        assert result.stats.trajectories == budget.total == result.metrics["alloc/budget"]
+    m = result.metrics
+    assert m["alloc/flip_scale_realised"] == m["alloc/prefix_flips"]
+    assert m["alloc/flip_scale_predicted"] == pytest.approx(m["alloc/prefix_flips_expected"])
+    again = make_allocator("trace_plus", group_size=4, cap=4, flip_scale_prior=8.0)
+    again.load_state_dict(allocator.state_dict())
+    assert isinstance(again, VariantAllocator) and again.flip_scale is not None
+    assert again.flip_scale.scale().tolist() == allocator.flip_scale.scale().tolist() != [1.0, 1.0]

@@ -18,6 +18,18 @@ def test_the_feature_predictor_never_asks_for_hidden_states():
     assert isinstance(predictor, FeaturePredictor) and (predictor.lr, predictor.steps) == (0.02, 7)
 
 
+def test_logprob_features_read_the_tiers_of_the_tasks_that_carry_one():
+    from trace_gym.tasks import Task
+
+    tasks = [Task("a", "p", meta={"tier": "guess"}), Task("b", "p"), Task("c", "p", meta={"tier": "hard"})]
+    cfg = TrainConfig.from_dict({"predictor": {"logprob_features": True}})
+    predictor = make_predictor(cfg, lambda: pytest.fail("hidden states are not needed"), tasks)
+    assert isinstance(predictor, FeaturePredictor) and predictor.logprob_features
+    assert predictor.tiers == {"a": "guess", "c": "hard"}
+    plain = make_predictor(TrainConfig.from_dict({}), lambda: pytest.fail("not needed"), tasks)
+    assert isinstance(plain, FeaturePredictor) and not plain.logprob_features
+
+
 HUNGRY_ENVS = """
 from trace_gym import Task, TextEnv, Turn
 from trace_gym.limits import Footprint
