@@ -2,14 +2,19 @@
 env (exact values known), plus diagnostics that change one thing at a time (see allocation.py).
 
 Every row runs the trainer's own step (`training.step.take_step`) over `simulation.SimCollector`.
+
+`resolution_run` compares stage 2 alone with the oracle's (benchmarks/predictor_resolution.py): on the same bare
+rollouts, the flips a plan finds in expectation under the exact values, over those of the plan the exact values
+choose, for the predictor settings of `RESOLUTION_SETTINGS` (log-prob features, the flip scale).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +23,26 @@ from typing import Any
 import numpy as np
 from _common import mean_ci, pyplot
 
+from trace_gym.seeds import derive, generator
 from trace_gym.tasks import Task
 from trace_gym.training.allocation.allocators import StagedAllocator, make_allocator
 from trace_gym.training.allocation.predictor import FeaturePredictor, Prefix
 from trace_gym.training.allocation.predictor_wrappers import ReplayPredictor
+from trace_gym.training.allocation.solvers import prefix_utility
+from trace_gym.training.allocation.stages import (
+    ContinuationPlan,
+    RootAllocation,
+    ValueFn,
+    allocate_roots,
+    fit_predictor,
+    flip_metrics,
+    plan_continuations,
+)
 from trace_gym.training.config import ALLOCATORS, StepBudget
 from trace_gym.training.simulation import TERRAIN, SimCollector, make_tasks, value_at
 from trace_gym.training.step import take_step
+from trace_gym.training.variants import FlipScale, VariantAllocator
+from trace_gym.tree import RolloutTree
 
 METRICS = {  # output name -> take_step metric key (None: derived)
     "effective_ratio": "alloc/effective_ratio",
@@ -240,6 +258,101 @@ def simulate(quick: bool, seeds: int, steps: int, workers: int, tasks: int = 512
     return {"settings": {**cfg, "seeds": seeds, "budget_per_step": roots * (1 + multiplier)},
             "allocators": {v.label: summary[v.label] for v in main},
             "diagnostics": {v.label: summary[v.label] for v in todo if v not in main}}
+
+
+# ------------------------------------------------------------------ stage 2 against the oracle's
+RESOLUTION_SETTINGS = {"default": (False, False), "scale": (False, True), "logprobs": (True, False),
+                       "resolution": (True, True)}
+"""Predictor settings: name -> (log-prob features, flip scale). The scale acts on trace_root only (trace compares
+no prefix with a root); it is measured on both."""
+RESOLUTION_PLANS = ("trace", "trace_root")
+
+
+def expected_flips(plan: ContinuationPlan, trees: Mapping[str, RolloutTree], exact: ValueFn) -> float:
+    """Σ 1 - q^k over ``plan``'s anchors with q from the exact values: the flips it finds in expectation."""
+    chosen = [c for c in plan.prefixes if c.continuations]
+    if not chosen:
+        return 0.0
+    v = exact([Prefix.from_tree(trees[c.task_id], c.node_id) for c in chosen])
+    return float(sum(prefix_utility(c.reward, vi, c.continuations) for c, vi in zip(chosen, v)))
+
+
+def stage2_plan(name: str, values: ValueFn, trees: Mapping[str, RolloutTree], roots: RootAllocation,
+                budget: StepBudget, rng: np.random.Generator, scale: FlipScale | None = None) -> ContinuationPlan:
+    """Stage 2 of allocator ``name`` (trace or a TRACE variant, given ``scale`` when it allocates with one)."""
+    allocator = make_allocator(name)
+    if isinstance(allocator, VariantAllocator):
+        return dataclasses.replace(allocator, flip_scale=scale).plan(values, trees, roots, budget, rng)[0]
+    return plan_continuations(allocator, values, trees, roots, budget, rng)
+
+
+def resolution_run(seed: int, cfg: dict[str, int]) -> list[dict[str, float]]:
+    """One seed: per step, trace's roots (valued by the default predictor), bare rollouts that record each move's
+    log-probability, then every plan of ``RESOLUTION_PLANS`` from the exact values and from each setting. Per
+    (setting, plan): its expected flips and the oracle plan's, the flips its continuations realised and the
+    predictor's and the scale's expectations of them. Both predictors fit on every tree of the step."""
+    tasks = make_tasks(cfg["tasks"], horizon=cfg["horizon"], seed=seed)
+    collector = SimCollector(tasks, logprobs=True)
+    predictors = {False: FeaturePredictor(), True: FeaturePredictor(logprob_features=True)}
+    scales = {(name, plan): FlipScale() for name in RESOLUTION_SETTINGS for plan in RESOLUTION_PLANS}
+    budget = StepBudget(cfg["roots"], cfg["multiplier"])
+    draw = np.random.default_rng(10_000 + seed)
+    rows = []
+    for step in range(1, cfg["steps"] + 1):
+        pool = [tasks[i] for i in draw.choice(len(tasks), size=cfg["pool"], replace=False)]
+        rng = generator(10_000 + seed, step)
+        roots = allocate_roots(make_allocator("trace"), predictors[False].predict, pool, budget, rng)
+        collector.begin_step()
+        collector.bare_rollouts(roots.counts, seed=derive(10_000 + seed, step, 0))
+        bare, exact = collector.trees, collector.true_values
+        row: dict[str, float] = {"step": float(step)}
+        for plan_name in RESOLUTION_PLANS:
+            row[f"oracle/{plan_name}"] = expected_flips(stage2_plan(plan_name, exact, bare, roots, budget, rng),
+                                                        bare, exact)
+        # Every plan is made on the bare trees before any continuation runs (they grow the shared trees).
+        plans = {(name, plan_name): stage2_plan(plan_name, predictors[logprobs].predict, bare, roots, budget, rng,
+                                                scales[name, plan_name] if scaled else None)
+                 for name, (logprobs, scaled) in RESOLUTION_SETTINGS.items() for plan_name in RESOLUTION_PLANS}
+        for i, ((name, plan_name), plan) in enumerate(plans.items()):
+            scale, key = scales[name, plan_name], f"{name}/{plan_name}"
+            row[f"{key}/expected_true"] = expected_flips(plan, bare, exact)
+            first_new = {tid: len(tree) for tid, tree in collector.trees.items()}
+            collector.continuations(plan.counts(), seed=derive(10_000 + seed, step, 1 + i))
+            m = flip_metrics(collector.trees, plan, first_new)
+            deep = [c for c in plan.prefixes if c.node_id != 0 and c.continuations and c.utility is not None]
+            row[f"{key}/realised"] = m["alloc/prefix_flips"]
+            row[f"{key}/predicted"] = m["alloc/prefix_flips_expected"]
+            row[f"{key}/scaled"] = float(sum((c.utility or 0.0) * scale([c.node_id], np.array([c.reward]))[0]
+                                             for c in deep))
+            scale.expect(plan, first_new)  # scored on this plan's continuations alone, before the next plan's
+            scale.observe(collector.trees)
+        for predictor in predictors.values():
+            fit_predictor(predictor, list(collector.trees.values()))
+        rows.append(row)
+    return rows
+
+
+def summarise_resolution(runs: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """Per setting and plan, over the second half of each seed's steps: the share of the oracle's expected flips
+    (each seed's sums, then mean ± 95% t over seeds) and realised over predicted flips (pooled over seeds)."""
+    half = [rows[len(rows) // 2:] for rows in runs]
+
+    def total(key: str, rows: list[dict[str, float]]) -> float:
+        return float(sum(r[key] for r in rows))
+
+    out: dict[str, Any] = {}
+    for name in RESOLUTION_SETTINGS:
+        for plan in RESOLUTION_PLANS:
+            key = f"{name}/{plan}"
+            realised = sum(total(f"{key}/realised", rows) for rows in half)
+            out[key] = {
+                "fraction_of_oracle": mean_ci([total(f"{key}/expected_true", rows) / total(f"oracle/{plan}", rows)
+                                               for rows in half]),
+                "realised": realised, "predicted": sum(total(f"{key}/predicted", rows) for rows in half),
+                "scaled": sum(total(f"{key}/scaled", rows) for rows in half),
+                "realised_over_predicted": realised / sum(total(f"{key}/predicted", rows) for rows in half),
+                "realised_over_scaled": realised / sum(total(f"{key}/scaled", rows) for rows in half)}
+    return out
 
 
 def plot_sim(sim: dict[str, Any], path: Path) -> None:

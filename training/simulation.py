@@ -18,6 +18,9 @@ Deviations and choices where the paper is silent:
 2. The predictor is fit on each step's fresh trees after its calibration on them is recorded.
 3. The collector plays each started rollout to its end before the next (there is no batched generation to
    keep in lockstep); rollout i of a stage call draws its moves from ``generator(seed, i)``.
+4. Opt-in (``logprobs=True``), each move's node records the scripted policy's log-probability of that move
+   (one value: log p_good or log(1 - p_good)) as `Node.logprobs`, where a tokenizer-backed collector records
+   its sampled tokens'. It carries the task's p_good exactly, which a real policy's log-probs only hint at.
 """
 
 from __future__ import annotations
@@ -107,8 +110,10 @@ def scripted_action(task: Task, moves: int, rng: np.random.Generator) -> str:
 class SimCollector:
     """A `Collector` (collector.py) of the synthetic task with exact values (`true_values`); see choice 3."""
 
-    def __init__(self, tasks: Sequence[Task]):
+    def __init__(self, tasks: Sequence[Task], logprobs: bool = False):
         self.tasks = {t.id: t for t in tasks}
+        self.logprobs = logprobs
+        """Record each move's log-probability on its node (choice 4; off: nodes carry none)."""
         self._trees: dict[str, RolloutTree] = {}
         self._states: dict[str, dict[int, tuple[int, int]]] = {}  # per tree: node id -> (moves, good)
 
@@ -160,6 +165,9 @@ class SimCollector:
             if not is_good:
                 info["error"] = "dead end"
             node = tree.add(node_id, action, obs, reward, terminated, False, info)
+            if self.logprobs:
+                p = _params(task)[0]
+                node.logprobs = [math.log(max(p if is_good else 1.0 - p, 1e-300))]
             state[node.id] = (moves, good)
             node_id = node.id
             stats.env_steps += 1

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -113,3 +115,19 @@ def test_trace_beats_grpo_and_oracle_beats_trace_on_effective_ratio():
     trace = _mean_metric("trace", "alloc/effective_ratio")
     oracle = _mean_metric("oracle", "alloc/effective_ratio")
     assert grpo < trace <= oracle + 0.02
+
+
+def test_the_simulation_records_each_moves_logprob_only_when_asked() -> None:
+    tasks = make_tasks(4, seed=0)
+    for logprobs in (False, True):
+        collector = SimCollector(tasks, logprobs=logprobs)
+        collector.begin_step()
+        collector.bare_rollouts({tasks[0].id: 2}, seed=0)
+        tree = collector.trees[tasks[0].id]
+        leaf = tree.leaves()[0]
+        prefix = Prefix.from_tree(tree, leaf.id)
+        assert (prefix.logprobs != ()) == logprobs
+        if logprobs:
+            p = tasks[0].meta["p_good"]
+            good = "safe path" in (leaf.action or "")
+            assert leaf.logprobs == pytest.approx([math.log(p if good else 1 - p)])
