@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trace_gym.errors import ConfigError
 from trace_gym.tasks import Task
@@ -203,6 +205,14 @@ def test_the_flip_scale_starts_at_one_and_moves_toward_realised_over_predicted()
         flipping_step(scale, 64, flip_every=4)
     assert scale.scale()[1] == pytest.approx(flip_ratio(np.array(2 + 16 * 7), np.array(6 + 48 * 7), 8.0))
     assert abs(scale.scale()[1] - 1 / 3) < 0.03
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0.0, 1e4), st.floats(1e-3, 1e4), st.floats(1e-3, 100.0))
+def test_the_flip_ratio_lies_between_one_and_the_raw_ratio(realised, predicted, prior):
+    s = float(flip_ratio(np.array(realised), np.array(predicted), prior))
+    raw = realised / predicted
+    assert min(1.0, raw) - 1e-12 <= s <= max(1.0, raw) + 1e-12
 
 
 def test_the_flip_scale_keeps_its_window_and_round_trips_its_state() -> None:
