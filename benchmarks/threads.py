@@ -18,30 +18,32 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import machine, write_json
 
 WORKER = r"""
 import json, os, sys, time
-policy, seconds, model_dir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-if policy == "trace-gym":
+policy, seconds, model_dir, batch = json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+env_kwargs = json.loads(sys.argv[5])
+if policy.get("trace_gym"):
     from trace_gym import threads
     threads.configure()
 import torch
+if policy.get("threads"):
+    torch.set_num_threads(policy["threads"])
 from trace_gym.agents.sft import SFTSettings, sft
 from trace_gym.env_specs import env_factory
 from trace_gym.training.driver.warm_start import collect_expert_episodes
-episodes = collect_expert_episodes(env_factory("trace/Arithmetic-v0", {"n_tasks": 64}), 64)
+episodes = collect_expert_episodes(env_factory("trace/Arithmetic-v0", {"n_tasks": 64, **env_kwargs}), 64)
 times = []
 def on_step(step, loss, model):
     times.append(time.perf_counter())
     if times[-1] - times[0] > seconds:
         raise StopIteration
 try:
-    sft(model_dir, episodes, out_dir=model_dir + "-out", config=SFTSettings(steps=100000, batch_size=8, seed=0),
+    sft(model_dir, episodes, out_dir=model_dir + "-out", config=SFTSettings(steps=100000, batch_size=batch, seed=0),
         on_step=on_step, progress=False)
 except StopIteration:
     pass
@@ -52,13 +54,32 @@ print(json.dumps({"steps": steps, "rate": steps / (times[-1] - times[0]), "threa
 SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end:\n    pass\n"
 
 
-def cell(policy: str, busy: int, seconds: float, model_dir: str) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
-                                                            "TRACE_GYM_THREADS")}
+# name -> how a cell sets torch's threads: trace-gym's choice (``configure``), or a fixed count; ``env`` is set
+# before torch loads (OpenMP reads it then). ``GOMP_SPINCOUNT`` bounds how long a waiting OpenMP thread spins
+# before it sleeps (libgomp's default spins ~300,000 times while it has a core of its own).
+POLICIES: dict[str, dict[str, Any]] = {
+    "torch-default": {},
+    "trace-gym": {"trace_gym": True},
+    "1-thread": {"threads": 1, "env": {"OMP_NUM_THREADS": "1"}},
+    "2-threads": {"threads": 2, "env": {"OMP_NUM_THREADS": "2"}},
+    "2-threads-spin-1k": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "1000"}},
+    "2-threads-spin-10k": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "10000"}},
+    "2-threads-spin-100k": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "100000"}},
+    "2-threads-passive": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}},
+}
+_OWN = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TRACE_GYM_THREADS")
+
+
+def cell(policy: str, busy: int, seconds: float, model_dir: str, batch: int,
+         env_kwargs: dict[str, Any]) -> dict[str, float]:
+    """One fresh process running SFT for ``seconds`` beside ``busy`` spinning processes: its rate and threads."""
+    spec = POLICIES[policy]
+    env = {k: v for k, v in os.environ.items() if k not in _OWN} | spec.get("env", {})
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds + 90)]) for _ in range(busy)]
     try:
-        out = subprocess.run([sys.executable, "-c", WORKER, policy, str(seconds), model_dir], env=env,
-                             capture_output=True, text=True, timeout=seconds + 600)
+        out = subprocess.run([sys.executable, "-c", WORKER, json.dumps(spec), str(seconds), model_dir, str(batch),
+                              json.dumps(env_kwargs)],
+                             env=env, capture_output=True, text=True, timeout=seconds + 600)
     finally:
         for p in spinners:
             p.kill()
@@ -70,8 +91,14 @@ def cell(policy: str, busy: int, seconds: float, model_dir: str) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=40.0, help="SFT time per cell")
-    parser.add_argument("--busy", type=int, default=2, help="spinning processes beside the busy cells")
+    parser.add_argument("--seconds", type=float, default=30.0, help="SFT time per cell")
+    parser.add_argument("--busy", type=int, nargs="+", default=[2],
+                        help="numbers of spinning processes beside the busy cells (0, alone, is always run)")
+    parser.add_argument("--policies", nargs="+", default=["torch-default", "trace-gym"], choices=sorted(POLICIES))
+    parser.add_argument("--batch", type=int, default=8, help="SFT batch size (the quickstart's is 32)")
+    parser.add_argument("--env-kwargs", type=json.loads, default={}, help="Arithmetic's settings for the episodes, "
+                        "as JSON; the quickstart's: '{\"word_fraction\": 0, \"config\": {\"min_ops\": 2, "
+                        "\"max_ops\": 3, \"min_digits\": 1, \"max_digits\": 2}}'")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="10 s cells, one repeat")
     args = parser.parse_args()
@@ -80,27 +107,33 @@ def main() -> None:
     from trace_gym.agents.tiny import build_tiny_model
 
     model_dir = str(build_tiny_model(Path("runs/bench/threads-model"), size="tiny", seed=0))
-    results: dict[str, dict[str, list[float]]] = {}
+    levels = [0, *sorted(set(args.busy) - {0})]  # --busy 0: alone only
+    # results[policy][busy] = {"rate": [...], "threads": [...]} over repeats
+    results: dict[str, dict[str, dict[str, list[float]]]] = {p: {} for p in args.policies}
     load0 = os.getloadavg()[0]
     start = time.perf_counter()
     for rep in range(args.repeats):
-        for policy in ("torch-default", "trace-gym"):
-            alone = cell(policy, 0, args.seconds, model_dir)
-            beside = cell(policy, args.busy, args.seconds, model_dir)
-            r = results.setdefault(policy, {"alone": [], "busy": [], "ratio": [], "threads_busy": []})
-            r["alone"].append(alone["rate"])
-            r["busy"].append(beside["rate"])
-            r["ratio"].append(beside["rate"] / alone["rate"])
-            r["threads_busy"].append(beside["threads"])
-            print(f"repeat {rep}: {policy:14s} alone {alone['rate']:.2f} step/s ({alone['threads']} threads), "
-                  f"beside {args.busy} busy {beside['rate']:.2f} step/s ({beside['threads']} threads): ratio "
-                  f"{beside['rate'] / alone['rate']:.2f}", flush=True)
-    print(f"\n{'policy':16s}{'alone step/s':>16s}{'busy step/s':>16s}{'busy / alone':>16s}")
+        for busy in levels:  # interleaved: a drift of the machine hits every policy alike
+            for policy in args.policies:
+                out = cell(policy, busy, args.seconds, model_dir, args.batch, args.env_kwargs)
+                r = results[policy].setdefault(str(busy), {"rate": [], "threads": []})
+                r["rate"].append(out["rate"])
+                r["threads"].append(out["threads"])
+                print(f"repeat {rep}: {policy:20s} beside {busy} busy: {out['rate']:.2f} step/s "
+                      f"({out['threads']} threads)", flush=True)
+    ratios = {p: {b: [x / a for x, a in zip(r[b]["rate"], r["0"]["rate"])] for b in r if b != "0"}
+              for p, r in results.items()}
+    head = "".join(f"{'beside ' + str(b):>22s}" for b in levels)
+    print(f"\nstep/s (range over repeats; busy / alone in brackets)\n{'policy':22s}{head}")
     for policy, r in results.items():
-        print(f"{policy:16s}{np.mean(r['alone']):16.2f}{np.mean(r['busy']):16.2f}"
-              f"{min(r['ratio']):8.2f}-{max(r['ratio']):.2f}")
+        cells = []
+        for b in levels:
+            x = r[str(b)]["rate"]
+            rr = ratios[policy].get(str(b))
+            cells.append(f"{min(x):.2f}-{max(x):.2f}" + (f" ({min(rr):.2f}-{max(rr):.2f})" if rr else ""))
+        print(f"{policy:22s}" + "".join(f"{c:>22s}" for c in cells))
     path = write_json("threads", {"machine": machine(), "settings": vars(args), "load_at_start": load0,
-                                  "seconds": time.perf_counter() - start, "results": results})
+                                  "seconds": time.perf_counter() - start, "results": results, "ratios": ratios})
     print(f"\nwrote {path}")
 
 

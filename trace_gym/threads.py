@@ -9,12 +9,14 @@ lost its core waits a whole scheduler slice, and a spinning waiter burns the tim
   ``cpu.max``), not ``os.cpu_count()``;
 - ``OMP_NUM_THREADS`` (or ``TRACE_GYM_THREADS``), when the user sets it, is the answer as given;
 - otherwise the count is the usable cores less the other tasks that want a CPU now (the kernel's count of
-  runnable tasks, a median of a few reads, less the caller), at least one; ``adapt`` re-reads it between units
-  of work, so a job gives a core back when other work arrives and takes it again when it leaves. The one-minute
-  load average lags by a minute: a job that started just after other work had stopped kept one thread;
+  runnable tasks less this process's own runnable threads, a median of a few reads), at least one. ``adapt``
+  re-reads it between units of work, so a job gives a core back when other work arrives and takes it again when
+  it leaves;
 - OpenMP's pool is sized to the usable cores when torch loads, so ``configure`` runs before the first
-  ``import torch`` (the CLI calls it first thing); its waiters keep OpenMP's default policy, since sleeping
-  waiters (``OMP_WAIT_POLICY=PASSIVE``) cost the tiny model's SFT about a quarter of its idle rate.
+  ``import torch`` (the CLI calls it first thing). Its waiters keep libgomp's default spin: a short one
+  (``GOMP_SPINCOUNT`` of 1,000-10,000) lets two threads share the cores with busy processes (1.1-1.3x one
+  thread's rate beside two), but costs the quickstart's warm start about a fifth of its idle rate, the case that
+  matters most; with one thread under load nobody waits. The figures are in docs/measured.md.
 
 This module imports nothing heavy; torch is touched only if it is already imported.
 """
@@ -70,27 +72,51 @@ def runnable(samples: int = 11, gap_s: float = 0.005) -> float:
     """Tasks running or waiting for a CPU now, the caller included: the median of ``samples`` reads of the
     kernel's count (/proc/loadavg's fourth field), or the one-minute load average (plus the caller) where the
     count cannot be read."""
+    return _median_reads(samples, gap_s, mine=False)
+
+
+def others_runnable(samples: int = 11, gap_s: float = 0.005) -> float:
+    """Tasks of other processes running or waiting for a CPU now: the median over ``samples`` reads of the
+    kernel's count less this process's own runnable threads read at the same moment (an OpenMP thread that
+    spins after a parallel region is runnable, and is ours)."""
+    return _median_reads(samples, gap_s, mine=True)
+
+
+def _median_reads(samples: int, gap_s: float, mine: bool) -> float:
     counts = []
     for i in range(samples):
         try:
-            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]))
+            total = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
         except (OSError, IndexError, ValueError):
-            return os.getloadavg()[0] + 1
+            return os.getloadavg()[0] + (0 if mine else 1)
+        counts.append(total - _own_running() if mine else total)
         if i + 1 < samples:
             time.sleep(gap_s)
-    return float(sorted(counts)[len(counts) // 2])
+    return float(max(0, sorted(counts)[len(counts) // 2]))
+
+
+def _own_running() -> int:
+    """This process's threads in state R (running or runnable), from /proc/self/task/*/stat."""
+    n = 0
+    for stat in Path("/proc/self/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces and brackets
+        n += bool(fields) and fields[0] == "R"
+    return n
 
 
 def choose(cores: int | None = None, load: float | None = None, own: int = 1) -> int:
     """Threads for torch when the user set none: ``cores`` less the tasks that are not ours, at least 1.
 
-    ``load`` counts the tasks that want a CPU (``runnable()`` when None) and ``own`` those of this process among
-    them (the caller, between units of work). Fractions round to the nearest core: on 2 cores, 0.4 other tasks
-    give 2 threads, 1.6 give 1.
+    With ``load`` (tasks that want a CPU, ``own`` of them ours) the others are ``load - own``; without, they are
+    read now (``others_runnable``). Fractions round to the nearest core: on 2 cores, 0.4 other tasks give 2
+    threads, 1.6 give 1.
     """
     cores = usable_cores() if cores is None else cores
-    load = runnable() if load is None else load
-    others = max(0.0, load - own)
+    others = others_runnable() if load is None else max(0.0, load - own)
     return max(1, min(cores, round(cores - others)))
 
 
@@ -122,7 +148,7 @@ def adapt(force: bool = False) -> int | None:
     if not force and now - _state["checked"] < ADAPT_EVERY_S:
         return None
     _state["checked"] = now
-    n = choose()  # between units of work only the caller of ours is runnable
+    n = choose()
     _apply(n)
     return n
 

@@ -57,13 +57,14 @@ n = threads.configure()
 import torch
 again = threads.adapt(force=True)
 print(json.dumps({"configured": n, "torch": torch.get_num_threads(), "adapted": again,
-                  "omp": os.environ.get("OMP_NUM_THREADS"), "wait": os.environ.get("OMP_WAIT_POLICY")}))
+                  "omp": os.environ.get("OMP_NUM_THREADS"), "wait": os.environ.get("OMP_WAIT_POLICY"),
+                  "spin": os.environ.get("GOMP_SPINCOUNT")}))
 """
 
 
 def _probe(env: dict[str, str], *prefix: str) -> dict:
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
-                                                             "TRACE_GYM_THREADS")}
+                                                             "GOMP_SPINCOUNT", "TRACE_GYM_THREADS")}
     out = subprocess.run([*prefix, sys.executable, "-c", PROBE], env={**base, **env}, capture_output=True,
                          text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -71,16 +72,18 @@ def _probe(env: dict[str, str], *prefix: str) -> dict:
 
 def test_configure_sizes_the_pool_to_the_affinity() -> None:
     got = _probe({}, "taskset", "-c", "0")  # one core allowed, whatever the machine has
-    assert got["omp"] == "1" and got["wait"] is None  # OpenMP's own wait policy
+    assert got["omp"] == "1" and got["wait"] is None and got["spin"] is None  # libgomp's own waiting
     assert got["configured"] == got["torch"] == got["adapted"] == 1
 
 
 def test_a_users_thread_count_is_kept_and_never_adapted() -> None:
     got = _probe({"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE"})
-    assert got["omp"] == "3" and got["wait"] == "ACTIVE"
+    assert got["omp"] == "3" and got["wait"] == "ACTIVE" and got["spin"] is None  # the user's choice, as set
     assert got["configured"] == got["torch"] == 3 and got["adapted"] is None
     got = _probe({"TRACE_GYM_THREADS": "1"})
-    assert got["configured"] == got["torch"] == 1 and got["adapted"] is None
+    assert got["configured"] == got["torch"] == 1 and got["adapted"] is None and got["spin"] is None
+    got = _probe({"GOMP_SPINCOUNT": "5"})
+    assert got["spin"] == "5"  # a user's spin count stays
 
 
 def test_the_cli_configures_threads_before_a_command_loads_torch() -> None:
@@ -91,3 +94,38 @@ def test_the_cli_configures_threads_before_a_command_loads_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=120,
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == str(threads.usable_cores())
+
+
+def test_own_threads_are_not_counted_as_others() -> None:
+    import hashlib
+    import threading
+
+    stop = threading.Event()
+    data = b"x" * (1 << 22)
+
+    def hash_forever() -> None:  # hashlib releases the GIL on large inputs: a thread of ours that stays runnable
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    worker = threading.Thread(target=hash_forever)
+    worker.start()
+    try:
+        deadline, seen = time.monotonic() + 30, 0
+        while seen < 2 and time.monotonic() < deadline:
+            seen = max(seen, threads._own_running())
+    finally:
+        stop.set()
+        worker.join()
+    assert seen >= 2  # the caller and the hashing thread
+
+
+def test_others_runnable_counts_a_busy_process() -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline, seen = time.monotonic() + 30, 0.0
+        while seen < 1 and time.monotonic() < deadline:
+            seen = max(seen, threads.others_runnable())
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert seen >= 1
