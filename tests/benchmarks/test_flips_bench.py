@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trace_gym.training.allocation.stages import ContinuationPlan, PrefixChoice
 from trace_gym.tree import RolloutTree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from flips import anchor_records, continuation_flip_share, flip_share, grouped
+from flips import anchor_records, continuation_flip_share, flip_share, grouped, realised_over_predicted
 
 
 def bare_tree() -> RolloutTree:
@@ -47,3 +48,11 @@ def test_shares_count_anchors_and_continuations() -> None:
     assert flip_share(rows) == 0.5 and continuation_flip_share(rows) == pytest.approx(1 / 3)
     by = grouped(rows, "depth")
     assert by["1"]["flipped"] == 1 and by["2"]["continuations"] == 1 and by["2"]["expected"] == pytest.approx(0.1)
+
+
+def test_realised_over_predicted_reads_the_predictors_or_the_scales_expectation() -> None:
+    rows = [{"flipped": True, "expected": 0.8, "scaled": 0.4}, {"flipped": False, "expected": 1.2, "scaled": 0.6},
+            {"flipped": True, "expected": 0.5}]  # a plan measured without a scale
+    assert realised_over_predicted(rows) == pytest.approx(2 / 2.5)
+    assert realised_over_predicted(rows, "scaled") == pytest.approx(2 / 1.0)
+    assert np.isnan(realised_over_predicted([{"flipped": True, "expected": float("nan")}]))
