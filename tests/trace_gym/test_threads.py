@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,17 +29,26 @@ def test_choose_gives_the_cores_others_leave(cores: int, load: float, own: int, 
     assert threads.choose(cores=cores, load=load, own=own) == expected
 
 
-def test_runnable_counts_the_caller_and_a_busy_process() -> None:
-    assert threads.runnable() >= 1
+def _highest(read: Callable[[], float], target: float) -> float:
+    """The highest of repeated ``read()`` until it reaches ``target`` or 30 s pass."""
+    deadline, seen = time.monotonic() + 30, 0.0
+    while seen < target and time.monotonic() < deadline:
+        seen = max(seen, read())
+    return seen
+
+
+def _highest_beside_a_spinner(read: Callable[[], float], target: float) -> float:
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        deadline, seen = time.monotonic() + 30, 0.0
-        while seen < 2 and time.monotonic() < deadline:  # once started, the spinner is always runnable
-            seen = max(seen, threads.runnable())
+    try:  # once started, the spinner is always runnable
+        return _highest(read, target)
     finally:
         spinner.kill()
         spinner.wait()
-    assert seen >= 2
+
+
+def test_runnable_counts_the_caller_and_a_busy_process() -> None:
+    assert threads.runnable() >= 1
+    assert _highest_beside_a_spinner(threads.runnable, 2) >= 2
 
 
 def test_a_cgroup_quota_caps_the_cores(tmp_path: Path) -> None:
@@ -96,10 +108,7 @@ def test_the_cli_configures_threads_before_a_command_loads_torch() -> None:
     assert out.stdout.strip().splitlines()[-1] == str(threads.usable_cores())
 
 
-def test_own_threads_are_not_counted_as_others() -> None:
-    import hashlib
-    import threading
-
+def test_own_running_counts_every_runnable_thread_of_ours() -> None:
     stop = threading.Event()
     data = b"x" * (1 << 22)
 
@@ -110,9 +119,7 @@ def test_own_threads_are_not_counted_as_others() -> None:
     worker = threading.Thread(target=hash_forever)
     worker.start()
     try:
-        deadline, seen = time.monotonic() + 30, 0
-        while seen < 2 and time.monotonic() < deadline:
-            seen = max(seen, threads._own_running())
+        seen = _highest(threads._own_running, 2)
     finally:
         stop.set()
         worker.join()
@@ -120,12 +127,4 @@ def test_own_threads_are_not_counted_as_others() -> None:
 
 
 def test_others_runnable_counts_a_busy_process() -> None:
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        deadline, seen = time.monotonic() + 30, 0.0
-        while seen < 1 and time.monotonic() < deadline:
-            seen = max(seen, threads.others_runnable())
-    finally:
-        spinner.kill()
-        spinner.wait()
-    assert seen >= 1
+    assert _highest_beside_a_spinner(threads.others_runnable, 1) >= 1
