@@ -13,6 +13,10 @@ Deviations from common SFT recipes, and why:
    a small-vocabulary-heavy model (fp32, 49k vocabulary: 1.6 GB per 8k tokens, before its gradient).
 4. The learning rate and batch size left unset follow the model's size (`SFTSettings.resolved`): the tiny model
    wants 2e-3 over 32 episodes, a pretrained 100M+ model forgets what it knew at that rate.
+5. A small model trains in one process per usable core, one thread each, summing gradients once a step
+   (`agents.data_parallel`): its operators are too small to split over threads without waiting at each, which
+   beside other work costs more than half the rate. A large model keeps one process and torch's threads (its
+   operators are large, and a copy per process would double its memory).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from trace_gym import threads
+from trace_gym.agents import data_parallel
 from trace_gym.agents.chat import Conversation, tokenize_episode
 from trace_gym.agents.hf import sequence_logprobs, taken_logprobs
 from trace_gym.agents.padding import attention_mask, pad_rows
@@ -46,6 +51,9 @@ class SFTSettings:
     lr: float | None = None
     """Peak AdamW learning rate (linear warmup, constant, cosine decay to 10% at the end); None: by model size
     (2e-3 below `SMALL` parameters; above, 5e-5 for all weights and 5e-4 with LoRA)."""
+    processes: int | None = None
+    """Processes that split each batch, one thread each (`agents.data_parallel`, note 5); None: the usable cores
+    for a model below `SMALL` parameters, 1 above it or when the user set a thread count (``OMP_NUM_THREADS``)."""
     lora_r: int = 0
     """LoRA rank on the attention and MLP projections (0: all weights), as `model.lora_r` in RL; the saved model
     has the adapter merged into its weights."""
@@ -71,6 +79,8 @@ class SFTSettings:
     def __post_init__(self) -> None:
         if self.steps < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ConfigError(f"expected steps >= 1 and batch_size >= 1, got {self.steps}, {self.batch_size}")
+        if self.processes is not None and self.processes < 1:
+            raise ConfigError(f"expected processes >= 1, got {self.processes}; fix: processes=1 (or leave it unset)")
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"expected lr > 0, got {self.lr}")
         if self.lora_r < 0 or self.lora_alpha <= 0 or self.logits_chunk < 0:
@@ -81,11 +91,14 @@ class SFTSettings:
 
 
     def resolved(self, parameters: int) -> SFTSettings:
-        """These settings with an unset lr and batch size chosen for a model of ``parameters`` weights (note 4)."""
+        """These settings with an unset lr, batch size and process count chosen for a model of ``parameters``
+        weights (notes 4 and 5); at most one process per sequence of a batch."""
         small = parameters < SMALL
         lr = self.lr if self.lr is not None else 2e-3 if small else 5e-4 if self.lora_r else 5e-5
         batch = self.batch_size if self.batch_size is not None else 32 if small else 8
-        return replace(self, lr=lr, batch_size=batch)
+        processes = (self.processes if self.processes is not None else
+                     threads.usable_cores() if small and threads.requested() is None else 1)
+        return replace(self, lr=lr, batch_size=batch, processes=min(processes, batch))
 
 
 # The projections a LoRA adapter wraps, as in RL (training/update/models.py)
@@ -168,48 +181,22 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
         on_step: Callable[[int, float, Any], None] | None = None) -> SFTResult:
     """Fine-tune the model in `model_dir` on `episodes`, training only assistant tokens; save to `out_dir`
     (default: `model_dir`, in place) with a `sft_log.jsonl` of the losses. `on_step(step, loss, model)` runs
-    after each optimiser step with the model in training mode (a callback that evaluates it switches back)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    after each optimiser step with the model in training mode (a callback that evaluates it switches back); with
+    several processes it runs in this one, rank 0, while the others wait."""
     out = Path(out_dir or model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    # Any: the Hugging Face model, or peft's wrapper of it under LoRA (whose merge_and_unload gives it back)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = (config or SFTSettings()).resolved(sum(p.numel() for p in model.parameters()))
-    assert config.lr is not None and config.batch_size is not None
-    if config.lora_r:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, bias="none",
-                                                 target_modules=list(LORA_TARGETS)))
+    tokenizer = _tokenizer(model_dir)
+    model, config = _load(model_dir, config or SFTSettings())
+    assert config.processes is not None
     seqs = to_sequences(tokenizer, episodes, config.max_length)
     if not seqs:
         raise ConfigError(f"expected episodes of at most {config.max_length} tokens, got none; "
                           "fix: raise max_length or collect shorter episodes")
-    trained = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, config))
-    gen = torch.Generator().manual_seed(config.seed)
-    model.train()
-    losses: list[float] = []
-    log: list[dict[str, Any]] = []
     with Progress("sft", total=config.steps, unit="step", enabled=progress) as bar:
-        for step in range(config.steps):
-            threads.adapt()
-            idx = torch.randint(len(seqs), (config.batch_size,), generator=gen).tolist()
-            ids, mask, att = _batch([seqs[i] for i in idx], tokenizer.pad_token_id)
-            loss = masked_lm_loss(model, ids, mask, att, config.logits_chunk)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            if on_step is not None:
-                on_step(step, losses[-1], model)
-            if step % config.log_every == 0 or step == config.steps - 1:
-                log.append({"step": step, "loss": losses[-1], "lr": sched.get_last_lr()[0]})
-            bar.update(advance=1, loss=losses[-1])
+        if config.processes == 1:
+            losses, log = _steps(model, seqs, config, tokenizer.pad_token_id, on_step=on_step, bar=bar)
+        else:
+            losses, log = _steps_with_team(model, str(model_dir), seqs, config, tokenizer.pad_token_id, on_step,
+                                           bar)
     model.eval()
     if config.lora_r:
         model = model.merge_and_unload()  # a plain model folder: RL, eval and engines load it as any other
@@ -220,6 +207,97 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
         f.write(json.dumps({"config": asdict(config), "sequences": len(seqs)}) + "\n")
         f.writelines(json.dumps(row) + "\n" for row in log)
     return SFTResult(losses, out, len(seqs), log)
+
+
+def _tokenizer(model_dir: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _load(model_dir: str | Path, config: SFTSettings) -> tuple[Any, SFTSettings]:
+    """The model to train (under a LoRA adapter when ``lora_r``) and the settings resolved for its size."""
+    from transformers import AutoModelForCausalLM
+
+    # Any: the Hugging Face model, or peft's wrapper of it under LoRA (whose merge_and_unload gives it back)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = config.resolved(sum(p.numel() for p in model.parameters()))
+    if config.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, bias="none",
+                                                 target_modules=list(LORA_TARGETS)))
+    return model, config
+
+
+def _steps_with_team(model: Any, model_dir: str, seqs: list[tuple[list[int], list[bool]]], config: SFTSettings,
+                     pad: int, on_step: Callable[[int, float, Any], None] | None,
+                     bar: Progress) -> tuple[list[float], list[dict[str, Any]]]:
+    """`_steps` as rank 0 of ``config.processes`` (`agents.data_parallel`), each on one thread."""
+    assert config.processes is not None
+    trained = [p for p in model.parameters() if p.requires_grad]
+    before = torch.get_num_threads()
+    with data_parallel.Team(config.processes, trained) as team:
+        team.start(_rank, model_dir, seqs, config, pad)
+        torch.set_num_threads(1)
+        try:
+            result = _steps(model, seqs, config, pad, team.shared, 0, on_step, bar)
+            team.finish(trained)
+        finally:
+            torch.set_num_threads(before)
+    return result
+
+
+def _rank(rank: int, shared: data_parallel.Shared, model_dir: str, seqs: list[tuple[list[int], list[bool]]],
+          config: SFTSettings, pad: int) -> None:
+    """A spawned rank: the same model from rank 0's weights, the same steps on its rows of each batch."""
+    model, _ = _load(model_dir, config)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    data_parallel.begin(shared, trained)
+    _steps(model, seqs, config, pad, shared, rank)
+    data_parallel.end(shared, rank, trained)
+
+
+def _steps(model: Any, seqs: list[tuple[list[int], list[bool]]], config: SFTSettings, pad: int,
+           shared: data_parallel.Shared | None = None, rank: int = 0,
+           on_step: Callable[[int, float, Any], None] | None = None,
+           bar: Progress | None = None) -> tuple[list[float], list[dict[str, Any]]]:
+    """The optimiser steps: each samples ``batch_size`` sequences (the same ones on every rank), and a rank of
+    ``shared``'s team trains on every world-th of them, its loss weighted by its share of the batch's trained
+    tokens, so that the summed gradient is the one-process gradient (note 1). Returns the losses and log rows."""
+    assert config.lr is not None and config.batch_size is not None
+    world = shared.world if shared is not None else 1
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, config))
+    gen = torch.Generator().manual_seed(config.seed)
+    model.train()
+    losses: list[float] = []
+    log: list[dict[str, Any]] = []
+    for step in range(config.steps):
+        if shared is None:
+            threads.adapt()
+        idx = torch.randint(len(seqs), (config.batch_size,), generator=gen).tolist()
+        ids, mask, att = _batch([seqs[i] for i in idx[rank::world]], pad)
+        loss = masked_lm_loss(model, ids, mask, att, config.logits_chunk)
+        if shared is not None:
+            loss = loss * (int(mask[:, 1:].sum()) / max(1, sum(sum(seqs[i][1][1:]) for i in idx)))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        value = float(loss.detach())
+        if shared is not None:
+            value = data_parallel.sum_gradients(shared, rank, step, trained, value)
+        torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(value)
+        if on_step is not None:
+            on_step(step, value, model)
+        if step % config.log_every == 0 or step == config.steps - 1:
+            log.append({"step": step, "loss": value, "lr": sched.get_last_lr()[0]})
+        if bar is not None:
+            bar.update(advance=1, loss=value)
+    return losses, log
 
 
 def _lr_factor(step: int, config: SFTSettings) -> float:

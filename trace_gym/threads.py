@@ -18,6 +18,9 @@ lost its core waits a whole scheduler slice, and a spinning waiter burns the tim
   thread's rate beside two), but costs the quickstart's warm start about a fifth of its idle rate, the case that
   matters most; with one thread under load nobody waits. The figures are in docs/measured.md.
 
+A small model's SFT does not rely on this: it splits each batch over one single-threaded process per usable core
+(`trace_gym.agents.data_parallel`), whose processes meet once a step instead of at every operator.
+
 This module imports nothing heavy; torch is touched only if it is already imported.
 """
 

@@ -83,7 +83,8 @@ def test_unset_lr_and_batch_size_follow_the_model_size():
     small, large = SFTSettings().resolved(800_000), SFTSettings().resolved(135_000_000)
     assert (small.lr, small.batch_size) == (2e-3, 32) and (large.lr, large.batch_size) == (5e-5, 8)
     assert SFTSettings(lora_r=16).resolved(135_000_000).lr == 5e-4
-    assert SFTSettings(lr=1e-3, batch_size=4).resolved(135_000_000) == SFTSettings(lr=1e-3, batch_size=4)
+    assert (SFTSettings(lr=1e-3, batch_size=4).resolved(135_000_000)
+            == SFTSettings(lr=1e-3, batch_size=4, processes=1))
 
 
 def test_lora_sft_trains_the_adapter_and_saves_a_plain_merged_model(tmp_path, calc_data):

@@ -92,8 +92,8 @@ def warm_start(cfg: TrainConfig, make_env: Callable[[], gym.Env] | EnvMix, conso
             collect_expert_episodes(make_env, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.seed,
                                     expert=cfg.sft.expert, progress=console is not None))
     sft(base, data, out, SFTSettings(steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
-                                     lora_r=cfg.model.lora_r, lora_alpha=cfg.model.lora_alpha,
-                                     seed=cfg.seed), progress=console is not None)
+                                     processes=cfg.sft.processes, lora_r=cfg.model.lora_r,
+                                     lora_alpha=cfg.model.lora_alpha, seed=cfg.seed), progress=console is not None)
     return str(out)
 
 
