@@ -1,6 +1,7 @@
 """torch beside other work: the tiny model's SFT rate alone and beside busy processes, with torch's own thread
 settings and with trace-gym's (``trace_gym.threads``: the cores this process may use less the tasks of others
-that want a CPU, re-read every few seconds).
+that want a CPU, re-read every few seconds; and SFT of a small model split over one single-threaded process per
+core, ``agents/data_parallel.py``).
 
 Each cell is a fresh Python process (OpenMP reads its settings when torch loads) that runs SFT steps of the tiny
 model on scripted-expert Arithmetic episodes for ``--seconds`` and reports steps per second; "busy" cells run
@@ -33,7 +34,7 @@ if policy.get("trace_gym"):
 import torch
 if policy.get("threads"):
     torch.set_num_threads(policy["threads"])
-from trace_gym.agents.sft import SFTSettings, sft
+from trace_gym.agents.sft import SMALL, SFTSettings, sft
 from trace_gym.env_specs import env_factory
 from trace_gym.training.driver.warm_start import collect_expert_episodes
 episodes = collect_expert_episodes(env_factory("trace/Arithmetic-v0", {"n_tasks": 64, **env_kwargs}), 64)
@@ -42,30 +43,37 @@ def on_step(step, loss, model):
     times.append(time.perf_counter())
     if times[-1] - times[0] > seconds:
         raise StopIteration
+settings = SFTSettings(steps=100000, batch_size=batch, seed=0, processes=policy.get("processes", 1))
+processes = settings.resolved(SMALL - 1).processes  # the tiny model is small
 try:
-    sft(model_dir, episodes, out_dir=model_dir + "-out", config=SFTSettings(steps=100000, batch_size=batch, seed=0),
-        on_step=on_step, progress=False)
+    sft(model_dir, episodes, out_dir=model_dir + "-out", on_step=on_step, progress=False, config=settings)
 except StopIteration:
     pass
 steps = len(times) - 1
-print(json.dumps({"steps": steps, "rate": steps / (times[-1] - times[0]), "threads": torch.get_num_threads()}))
+print(json.dumps({"steps": steps, "rate": steps / (times[-1] - times[0]), "processes": processes,
+                  "threads": 1 if processes > 1 else torch.get_num_threads()}))
 """
 
 SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end:\n    pass\n"
 
 
-# name -> how a cell sets torch's threads: trace-gym's choice (``configure``), or a fixed count; ``env`` is set
-# before torch loads (OpenMP reads it then). ``GOMP_SPINCOUNT`` bounds how long a waiting OpenMP thread spins
-# before it sleeps (libgomp's default spins ~300,000 times while it has a core of its own).
+# name -> how a cell sets torch's threads: trace-gym's choice (``configure``, and SFT's default process count), or
+# a fixed count in one process, or ``processes`` of one thread each (agents/data_parallel.py); ``env`` is set before
+# torch loads (OpenMP reads it then). ``GOMP_SPINCOUNT`` bounds how long a waiting OpenMP thread spins before it
+# sleeps (libgomp's default spins ~300,000 times while it has a core of its own, ~100 times when the process has
+# more OpenMP threads than cores).
 POLICIES: dict[str, dict[str, Any]] = {
     "torch-default": {},
-    "trace-gym": {"trace_gym": True},
+    "trace-gym": {"trace_gym": True, "processes": None},
+    "2-processes": {"processes": 2},
     "1-thread": {"threads": 1, "env": {"OMP_NUM_THREADS": "1"}},
     "2-threads": {"threads": 2, "env": {"OMP_NUM_THREADS": "2"}},
     "2-threads-spin-1k": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "1000"}},
     "2-threads-spin-10k": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "10000"}},
     "2-threads-spin-100k": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "100000"}},
     "2-threads-passive": {"threads": 2, "env": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}},
+    "3-threads": {"threads": 3, "env": {"OMP_NUM_THREADS": "3"}},
+    "4-threads": {"threads": 4, "env": {"OMP_NUM_THREADS": "4"}},
 }
 _OWN = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TRACE_GYM_THREADS")
 
@@ -108,7 +116,7 @@ def main() -> None:
 
     model_dir = str(build_tiny_model(Path("runs/bench/threads-model"), size="tiny", seed=0))
     levels = [0, *sorted(set(args.busy) - {0})]  # --busy 0: alone only
-    # results[policy][busy] = {"rate": [...], "threads": [...]} over repeats
+    # results[policy][busy] = {"rate": [...], "threads": [...], "processes": [...]} over repeats
     results: dict[str, dict[str, dict[str, list[float]]]] = {p: {} for p in args.policies}
     load0 = os.getloadavg()[0]
     start = time.perf_counter()
@@ -116,11 +124,12 @@ def main() -> None:
         for busy in levels:  # interleaved: a drift of the machine hits every policy alike
             for policy in args.policies:
                 out = cell(policy, busy, args.seconds, model_dir, args.batch, args.env_kwargs)
-                r = results[policy].setdefault(str(busy), {"rate": [], "threads": []})
+                r = results[policy].setdefault(str(busy), {"rate": [], "threads": [], "processes": []})
+                r["processes"].append(out["processes"])
                 r["rate"].append(out["rate"])
                 r["threads"].append(out["threads"])
                 print(f"repeat {rep}: {policy:20s} beside {busy} busy: {out['rate']:.2f} step/s "
-                      f"({out['threads']} threads)", flush=True)
+                      f"({out['processes']} x {out['threads']} threads)", flush=True)
     ratios = {p: {b: [x / a for x, a in zip(r[b]["rate"], r["0"]["rate"])] for b in r if b != "0"}
               for p, r in results.items()}
     head = "".join(f"{'beside ' + str(b):>22s}" for b in levels)
