@@ -158,8 +158,12 @@ class Team:
         self.path = str(self.dir / "shared")
         self.unlinked = False
         self.ranks: list[tuple[subprocess.Popen[bytes], int, int]] = []  # process, read end, write end
-        self.shared = Shared.attach(self.path, world, self.numel, _Hub(self))
-        self.shared.weights[0].copy_(flat(list(params), params))
+        try:
+            self.shared = Shared.attach(self.path, world, self.numel, _Hub(self))
+            self.shared.weights[0].copy_(flat(list(params), params))
+        except BaseException:
+            self.unlink()
+            raise
 
     def start(self, target: Callable[..., None], *args: Any) -> None:
         """Spawn ranks 1.. running ``target(rank, shared, *args)`` (a module-level function; the arguments are
