@@ -10,6 +10,8 @@ Rank 0 is the calling process (its callbacks, progress and result stay where the
 fresh Python processes (``python -m trace_gym.agents.data_parallel``: nothing of the caller's script runs again,
 and torch starts with one thread). Every rank starts from rank 0's trainable weights, samples the same batch,
 trains on its own rows of it and applies the same summed gradient, so the copies stay equal (checked at the end).
+One difference from one process: a parameter that gets no gradient in a step gets a zero one, which AdamW still
+steps (its momentum and weight decay); a causal LM's trained parameters all get one at every step.
 
 The barrier is a pair of pipes per spawned rank: it writes a byte and reads one, rank 0 reads one from each and
 then writes one to each. A rank that dies closes its pipe, and rank 0's read ends at once with `RankFailed`; a
@@ -24,10 +26,10 @@ import importlib
 import os
 import pickle
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,12 +64,32 @@ class Shared:
         return self.grads.shape[1]
 
     @staticmethod
-    def attach(path: str, world: int, numel: int, barrier: Barrier) -> Shared:
-        """The views of the file at ``path`` (created zeroed by rank 0 at its full size)."""
-        sizes = [2 * world * numel, 2 * world, world * numel]
+    def floats(world: int, numel: int) -> list[int]:
+        """The sizes of the parts, in float32s."""
+        return [2 * world * numel, 2 * world, world * numel]
+
+    @classmethod
+    def create(cls, path: str, world: int, numel: int, barrier: Barrier) -> Shared:
+        """Rank 0: a file of zeros at ``path`` with every page allocated now (a full tmpfs is an OSError here, not a
+        SIGBUS at a later write), and its views."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            size = 4 * sum(cls.floats(world, numel))
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
+            else:  # no such call (macOS): a sparse file
+                os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return cls.attach(path, world, numel, barrier)
+
+    @classmethod
+    def attach(cls, path: str, world: int, numel: int, barrier: Barrier) -> Shared:
+        """The views of the file at ``path``, created by rank 0."""
+        sizes = cls.floats(world, numel)
         data = torch.from_file(path, shared=True, size=sum(sizes), dtype=torch.float32)
         grads, losses, weights = torch.split(data, sizes)
-        return Shared(grads.view(2, world, numel), losses.view(2, world), weights.view(world, numel), barrier)
+        return cls(grads.view(2, world, numel), losses.view(2, world), weights.view(world, numel), barrier)
 
 
 def flat(tensors: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -110,7 +132,7 @@ def begin(shared: Shared, params: Sequence[torch.Tensor]) -> None:
 
 def end(shared: Shared, rank: int, params: Sequence[torch.Tensor]) -> None:
     """A rank's end: write its final weights for rank 0's check and wait for the others'."""
-    shared.weights[rank].copy_(flat(list(params), params))
+    shared.weights[rank].copy_(flat(params, params))
     shared.barrier.wait()
 
 
@@ -154,31 +176,41 @@ class Team:
 
     def __init__(self, world: int, params: Sequence[torch.Tensor]) -> None:
         self.numel = numel = sum(p.numel() for p in params)
-        self.dir = Path(tempfile.mkdtemp(prefix="trace-gym-dp-", dir=_memory_dir(4 * (3 * world * numel + 2 * world))))
+        self.dir = Path(tempfile.mkdtemp(prefix="trace-gym-dp-", dir=_memory_dir(4 * sum(Shared.floats(world, numel)))))
         self.path = str(self.dir / "shared")
         self.unlinked = False
         self.ranks: list[tuple[subprocess.Popen[bytes], int, int]] = []  # process, read end, write end
         try:
-            self.shared = Shared.attach(self.path, world, self.numel, _Hub(self))
-            self.shared.weights[0].copy_(flat(list(params), params))
+            self.shared = Shared.create(self.path, world, numel, _Hub(self))
+            self.shared.weights[0].copy_(flat(params, params))
         except BaseException:
             self.unlink()
             raise
 
     def start(self, target: Callable[..., None], *args: Any) -> None:
-        """Spawn ranks 1.. running ``target(rank, shared, *args)`` (a module-level function; the arguments are
-        pickled to a file the rank reads)."""
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TRACE_GYM_THREADS": "1"}
+        """Spawn ranks 1.. running ``target(rank, shared, *args)``: a module-level function, and arguments pickled
+        once to a file every rank reads. Each rank imports what this process imports (its ``sys.path``), runs in
+        its own process group (a terminal's Ctrl-C reaches rank 0, which ends the rest through the pipes) and
+        uses one thread."""
+        if "<" in target.__qualname__:
+            raise TypeError(f"expected a module-level function, got {target.__qualname__}")
+        with open(self.dir / "args.pickle", "wb") as f:
+            pickle.dump({"target": (target.__module__, target.__qualname__), "args": args, "path": self.path,
+                         "world": self.shared.world, "numel": self.numel}, f)
+        path = [os.path.abspath(p) for p in sys.path]  # "" (the current folder) made absolute
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TRACE_GYM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
         for rank in range(1, self.shared.world):
             to_hub_r, to_hub_w = os.pipe()
             from_hub_r, from_hub_w = os.pipe()
-            spec = self.dir / f"rank{rank}.pickle"
-            with open(spec, "wb") as f:
-                pickle.dump({"target": (target.__module__, target.__qualname__), "rank": rank, "args": args,
-                             "path": self.path, "world": self.shared.world, "numel": self.numel,
-                             "fds": (to_hub_w, from_hub_r)}, f)
-            proc = subprocess.Popen([sys.executable, "-m", __name__, str(spec)], env=env, stdin=subprocess.DEVNULL,
-                                    pass_fds=(to_hub_w, from_hub_r))
+            try:
+                proc = subprocess.Popen([sys.executable, "-P", "-m", __name__, str(self.dir / "args.pickle"),
+                                         str(rank), str(to_hub_w), str(from_hub_r)],
+                                        env=env, stdin=subprocess.DEVNULL, pass_fds=(to_hub_w, from_hub_r),
+                                        process_group=0)
+            except BaseException:
+                for fd in (to_hub_r, to_hub_w, from_hub_r, from_hub_w):
+                    os.close(fd)
+                raise
             os.close(to_hub_w)
             os.close(from_hub_r)
             self.ranks.append((proc, to_hub_r, from_hub_w))
@@ -204,16 +236,19 @@ class Team:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for _, from_rank, to_rank in self.ranks:  # a rank waiting at the barrier reads the end of its pipe
-            os.close(from_rank)
-            os.close(to_rank)
-        for proc, _, _ in self.ranks:
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.unlink()
+        try:
+            for _, from_rank, to_rank in self.ranks:  # a rank waiting at the barrier reads the end of its pipe
+                os.close(from_rank)
+                os.close(to_rank)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc, _, _ in self.ranks:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            self.unlink()
 
     def unlink(self) -> None:
         """Remove the shared file and the ranks' argument files: mapped memory outlives its name, so once every
@@ -232,20 +267,19 @@ def _memory_dir(size: int) -> str | None:
     return "/dev/shm" if stat.f_bavail * stat.f_frsize >= 2 * size else None
 
 
-def _rank_main(spec_path: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches rank 0, which stops the team through the pipes
-    with open(spec_path, "rb") as f:
-        spec = pickle.load(f)
+def _rank_main(args_path: str, rank: int, to_hub: int, from_hub: int) -> None:
     torch.set_num_threads(1)
+    with open(args_path, "rb") as f:
+        spec = pickle.load(f)
     module, name = spec["target"]
     target = getattr(importlib.import_module(module), name)
-    shared = Shared.attach(spec["path"], spec["world"], spec["numel"], _Spoke(*spec["fds"]))
+    shared = Shared.attach(spec["path"], spec["world"], spec["numel"], _Spoke(to_hub, from_hub))
     try:
-        target(spec["rank"], shared, *spec["args"])
+        target(rank, shared, *spec["args"])
     except RankFailed:  # rank 0 stopped (its own error, or an early stop): nothing of ours to report
         shutil.rmtree(Path(spec["path"]).parent, ignore_errors=True)  # if it died before anyone removed it
         sys.exit(0)
 
 
 if __name__ == "__main__":
-    _rank_main(sys.argv[1])
+    _rank_main(sys.argv[1], *map(int, sys.argv[2:5]))

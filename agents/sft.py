@@ -52,8 +52,9 @@ class SFTSettings:
     """Peak AdamW learning rate (linear warmup, constant, cosine decay to 10% at the end); None: by model size
     (2e-3 below `SMALL` parameters; above, 5e-5 for all weights and 5e-4 with LoRA)."""
     processes: int | None = None
-    """Processes that split each batch, one thread each (`agents.data_parallel`, note 5); None: the usable cores
-    for a model below `SMALL` parameters, 1 above it or when the user set a thread count (``OMP_NUM_THREADS``)."""
+    """Processes that split each batch, one thread each (`agents.data_parallel`, note 5); None: the usable cores, at
+    most `MAX_PROCESSES`, for a model below `SMALL` parameters; 1 above it or when the user set a thread count
+    (``OMP_NUM_THREADS``)."""
     lora_r: int = 0
     """LoRA rank on the attention and MLP projections (0: all weights), as `model.lora_r` in RL; the saved model
     has the adapter merged into its weights."""
@@ -97,7 +98,7 @@ class SFTSettings:
         lr = self.lr if self.lr is not None else 2e-3 if small else 5e-4 if self.lora_r else 5e-5
         batch = self.batch_size if self.batch_size is not None else 32 if small else 8
         processes = (self.processes if self.processes is not None else
-                     threads.usable_cores() if small and threads.requested() is None else 1)
+                     min(threads.usable_cores(), MAX_PROCESSES) if small and threads.requested() is None else 1)
         return replace(self, lr=lr, batch_size=batch, processes=min(processes, batch))
 
 
@@ -105,6 +106,9 @@ class SFTSettings:
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SMALL = 20_000_000
 """Parameters below which a model counts as small for the default SFT settings (the tiny model has 0.8M)."""
+MAX_PROCESSES = 4
+"""Most processes a small model's SFT uses by default: each holds an interpreter with torch and transformers
+(about 0.8 GB), and the gain over threads was measured on 2 cores only."""
 
 
 @dataclass
@@ -146,7 +150,7 @@ def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torc
     chosen = mask[:, 1:].bool()
     states, targets = hidden[:, :-1][chosen], ids[:, 1:][chosen]  # (N, H), (N,)
     head = head_model.get_output_embeddings()
-    total = hidden.new_zeros((), dtype=torch.float32)
+    total = states.sum() * 0.0  # in the graph even without trained targets (a rank's rows may have none)
     for start in range(0, len(targets), chunk):
         total = total + checkpoint(_chunk_nll, head, states[start:start + chunk], targets[start:start + chunk],
                                    use_reentrant=False)
@@ -182,7 +186,7 @@ def sft(model_dir: str | Path, episodes: Sequence[Sequence[Mapping[str, Any]] | 
     """Fine-tune the model in `model_dir` on `episodes`, training only assistant tokens; save to `out_dir`
     (default: `model_dir`, in place) with a `sft_log.jsonl` of the losses. `on_step(step, loss, model)` runs
     after each optimiser step with the model in training mode (a callback that evaluates it switches back); with
-    several processes it runs in this one, rank 0, while the others wait."""
+    several processes it runs in this one, rank 0, on one torch thread, while the others wait."""
     out = Path(out_dir or model_dir)
     tokenizer = _tokenizer(model_dir)
     model, config = _load(model_dir, config or SFTSettings())
@@ -251,6 +255,7 @@ def _steps_with_team(model: Any, model_dir: str, seqs: list[tuple[list[int], lis
 def _rank(rank: int, shared: data_parallel.Shared, model_dir: str, seqs: list[tuple[list[int], list[bool]]],
           config: SFTSettings, pad: int) -> None:
     """A spawned rank: the same model from rank 0's weights, the same steps on its rows of each batch."""
+    torch.manual_seed(config.seed + rank)  # its own dropout draws, the same on every run
     model, _ = _load(model_dir, config)
     trained = [p for p in model.parameters() if p.requires_grad]
     data_parallel.begin(shared, trained)

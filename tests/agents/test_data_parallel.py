@@ -18,7 +18,7 @@ import torch
 from tests.agents.calc_env import CalcEnv
 from trace_gym import processes, threads
 from trace_gym.agents import data_parallel
-from trace_gym.agents.sft import SFTSettings, sft
+from trace_gym.agents.sft import MAX_PROCESSES, SFTSettings, masked_lm_loss, sft
 from trace_gym.training.driver.warm_start import collect_expert_episodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,6 +81,8 @@ def test_the_default_is_one_process_per_core_for_a_small_model_only(monkeypatch)
     assert SFTSettings(batch_size=1).resolved(800_000).processes == 1  # a process per sequence at most
     assert SFTSettings().resolved(135_000_000).processes == 1  # a copy per process would double its memory
     assert SFTSettings(processes=3).resolved(135_000_000).processes == 3
+    monkeypatch.setattr(threads, "usable_cores", lambda: 64)
+    assert SFTSettings().resolved(800_000).processes == MAX_PROCESSES  # an interpreter each: a few, not 64
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's thread count rules
     assert SFTSettings().resolved(800_000).processes == 1
 
@@ -123,7 +125,7 @@ def test_ranks_exit_and_clean_up_when_rank_0_is_killed(nano_dir, tmp_path):
         import os, signal, sys
         from tests.agents.calc_env import CalcEnv
         from tests.agents.test_data_parallel import _ranks
-        from trace_gym.agents.sft import SFTSettings, sft
+        from trace_gym.agents.sft import MAX_PROCESSES, SFTSettings, masked_lm_loss, sft
         from trace_gym.training.driver.warm_start import collect_expert_episodes
 
         data = collect_expert_episodes(lambda: CalcEnv("train", digits=1), 20)
@@ -151,3 +153,23 @@ def test_the_shared_memory_leaves_dev_shm_for_the_disk_when_it_has_no_room():
     assert data_parallel._memory_dir(10**18) is None  # tempfile's directory: a full tmpfs would kill with SIGBUS
     if Path("/dev/shm").is_dir():
         assert data_parallel._memory_dir(1) == "/dev/shm"
+
+
+def test_rows_without_trained_tokens_give_a_zero_loss_that_backpropagates(nano_dir):
+    """A rank's share of a batch may hold no trained token; its loss must still take part in the backward pass."""
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model = AutoModelForCausalLM.from_pretrained(nano_dir)
+    loss = masked_lm_loss(model, ids, torch.zeros_like(ids, dtype=torch.bool), torch.ones_like(ids), chunk=1024)
+    loss.backward()
+    assert float(loss) == 0.0
+
+
+def test_a_team_takes_only_functions_a_fresh_interpreter_can_import():
+    def local(rank, shared):
+        pass
+
+    with data_parallel.Team(2, [torch.zeros(3)]) as team, pytest.raises(TypeError, match="module-level"):
+        team.start(local)
+    assert not team.dir.exists()

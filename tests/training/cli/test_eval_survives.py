@@ -138,9 +138,12 @@ def test_ctrl_c_keeps_the_finished_episodes_and_says_how_to_resume(tmp_path, cap
     with ScriptedServer(ExpertScript(env_factory("trace/Arithmetic-v0", {"n_tasks": TASKS}), "text"),
                         hold=0.2) as server:
         argv = [a for a in eval_argv(server.url, out) if a != "--json"]  # progress lines on stderr
+        # a test run started in the background of a shell without job control inherits SIGINT ignored: the eval
+        # gets the default disposition a terminal gives it
         run = subprocess.Popen([sys.executable, "-m", "trace_gym.training.cli.main", *argv], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "TRACE_GYM_PROGRESS_INTERVAL": "0"})
+                               env={**os.environ, "TRACE_GYM_PROGRESS_INTERVAL": "0"},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             wait_for_rows(out / "rows.jsonl", 3, run)
             run.send_signal(signal.SIGINT)
