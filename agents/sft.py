@@ -13,7 +13,7 @@ Deviations from common SFT recipes, and why:
    a small-vocabulary-heavy model (fp32, 49k vocabulary: 1.6 GB per 8k tokens, before its gradient).
 4. The learning rate and batch size left unset follow the model's size (`SFTSettings.resolved`): the tiny model
    wants 2e-3 over 32 episodes, a pretrained 100M+ model forgets what it knew at that rate.
-5. A small model trains in one process per usable core, one thread each, summing gradients once a step
+5. A small model trains in one process per usable core (at most 4), one thread each, summing gradients once a step
    (`agents.data_parallel`): its operators are too small to split over threads without waiting at each, which
    beside other work costs more than half the rate. A large model keeps one process and torch's threads (its
    operators are large, and a copy per process would double its memory).

@@ -19,7 +19,7 @@ lost its core waits a whole scheduler slice, and a spinning waiter burns the tim
   matters most; with one thread under load nobody waits. The figures are in docs/measured.md.
 
 A small model's SFT does not rely on this: it splits each batch over one single-threaded process per usable core
-(`trace_gym.agents.data_parallel`), whose processes meet once a step instead of at every operator.
+(at most 4; `trace_gym.agents.data_parallel`), whose processes meet once a step instead of at every operator.
 
 This module imports nothing heavy; torch is touched only if it is already imported.
 """

@@ -162,8 +162,8 @@ class SFTConfig(Section):
     """AdamW learning rate (null: by model size: 2e-3 for the tiny model; 5e-5 above 20M parameters, 5e-4 with
     LoRA, `model.lora_r`, which SFT uses as RL does)."""
     processes: int | None = Field(None, ge=1)
-    """Processes that split each batch, one thread each (null: one per usable core below 20M parameters, else 1;
-    `agents.sft.SFTSettings.processes`)."""
+    """Processes that split each batch, one thread each (null: one per usable core, at most 4, below 20M parameters,
+    else 1; `agents.sft.SFTSettings.processes`)."""
     noise: float = Field(0.0, ge=0, le=1)
     """Expert noise (0 = always correct)."""
     expert: dict[str, Any] = Field(default_factory=dict)
