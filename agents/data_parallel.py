@@ -4,7 +4,9 @@ gradients are summed through shared memory once a step.
 Why processes and not torch's threads for a small model: the scheduler shares the cores among threads, and torch
 splits every operator of a small model over its threads, which then wait for each other at its end. Beside other
 work a thread that lost its core stalls its partner at every operator; a process that lost its core stalls the
-others once, at the step's end. Measured on 2 cores with the tiny model's SFT (docs/measured.md).
+others once, at the step's end. Measured on 2 cores with the tiny model's SFT (docs/measured.md). This is for
+one machine and a caller that starts it itself; the RL update's data parallelism across GPUs and hosts is
+torch.distributed (`model.strategy: ddp`, started by torchrun or Ray).
 
 Rank 0 is the calling process (its callbacks, progress and result stay where the caller is); ranks 1.. are
 fresh Python processes (``python -m trace_gym.agents.data_parallel``: nothing of the caller's script runs again,

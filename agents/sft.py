@@ -276,6 +276,7 @@ def _steps(model: Any, seqs: list[tuple[list[int], list[bool]]], config: SFTSett
     opt = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, config))
     gen = torch.Generator().manual_seed(config.seed)
+    targets = [sum(mask[1:]) for _, mask in seqs]  # trained tokens per sequence: a rank's share of a batch's
     model.train()
     losses: list[float] = []
     log: list[dict[str, Any]] = []
@@ -286,7 +287,7 @@ def _steps(model: Any, seqs: list[tuple[list[int], list[bool]]], config: SFTSett
         ids, mask, att = _batch([seqs[i] for i in idx[rank::world]], pad)
         loss = masked_lm_loss(model, ids, mask, att, config.logits_chunk)
         if shared is not None:
-            loss = loss * (int(mask[:, 1:].sum()) / max(1, sum(sum(seqs[i][1][1:]) for i in idx)))
+            loss = loss * (int(mask[:, 1:].sum()) / max(1, sum(targets[i] for i in idx)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         value = float(loss.detach())
